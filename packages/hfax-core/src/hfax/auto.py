@@ -1,0 +1,160 @@
+"""The user API: ``AutoModelForTPU`` and its task mirrors, following one call through the hooks."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import transformers
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from hfax import plugins
+from hfax.patching import Patcher
+
+#: Backends hfax knows how to install, with the command that does it.
+KNOWN_BACKENDS = {"jax": 'pip install "hfax[jax]"', "torch_xla": 'pip install "hfax[torchxla]"'}
+
+
+class BackendNotInstalledError(ImportError):
+    """A known backend was asked for, but its distribution is not installed."""
+
+
+class UntestedVersionWarning(UserWarning):
+    """A family's patches meet a transformers version outside the range they were tested on."""
+
+
+def get_backend(name: str) -> Any:
+    """Load the backend called ``name``, or explain how to get it."""
+    installed = plugins.backends()
+    if name in installed:
+        return installed[name].load()
+    have = ", ".join(sorted(installed)) or "none"
+    if name in KNOWN_BACKENDS:
+        raise BackendNotInstalledError(
+            f"backend {name!r} is not installed (installed backends: {have}). Install it with: {KNOWN_BACKENDS[name]}"
+        )
+    raise ValueError(f"unknown backend {name!r}; installed backends: {have}; hfax also offers: {', '.join(KNOWN_BACKENDS)}")
+
+
+def check_family_version(family: str) -> None:
+    """Warn (strict mode: raise) when transformers is outside the range ``family``'s patches were tested on."""
+    spec = plugins.families().get(family)
+    if spec is None or not spec.transformers:
+        return
+    try:
+        tested = SpecifierSet(spec.transformers)
+    except InvalidSpecifier as error:
+        raise ValueError(f"family {family!r} declares an invalid transformers range {spec.transformers!r}") from error
+    if transformers.__version__ in tested:
+        return
+    message = (
+        f"hfax family {family!r} was tested with transformers{spec.transformers}, but transformers "
+        f"{transformers.__version__} is installed; its patches may not fit. Install a tested version, or set "
+        "HFAX_BLOCK_PLUGINS to run the generic path."
+    )
+    if plugins.strict():
+        raise RuntimeError(message)
+    warnings.warn(message, UntestedVersionWarning, stacklevel=3)
+
+
+def _resolve_model_class(config: Any, auto_class: str | None) -> Any:
+    if auto_class is not None:
+        return getattr(transformers, auto_class)
+    for architecture in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, architecture, None)
+        if cls is not None:
+            return cls
+    from transformers.models.auto import modeling_auto
+
+    if config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModel
+
+
+class AutoModelForTPU:
+    """Load a transformers model and run it on an XLA backend.
+
+    ``from_pretrained`` builds the class named in ``config.architectures``; the task mirrors
+    (``hfax.AutoModelForCausalLM``, ...) build their task's class, like transformers' auto classes.
+    """
+
+    _auto_class: str | None = None
+
+    def __init__(self) -> None:
+        raise TypeError(f"use {type(self).__name__}.from_pretrained(...) or .from_model(...)")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | None = None,
+        *,
+        backend: str = "jax",
+        mesh: Any = None,
+        **hf_kwargs: Any,
+    ) -> Any:
+        """Load ``name_or_path`` (a Hub id or local dir; ``None`` = hfax's default model) on ``backend``.
+
+        ``hf_kwargs`` go to transformers' ``from_pretrained`` (``dtype``, ``gguf_file``, ``revision``,
+        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``).
+        """
+        engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
+        if name_or_path is None:
+            from hfax.demo import default_model
+
+            name_or_path = default_model()
+        config_kwargs = {key: hf_kwargs[key] for key in ("gguf_file", "revision", "trust_remote_code") if key in hf_kwargs}
+        config = transformers.AutoConfig.from_pretrained(name_or_path, **config_kwargs)
+        family = plugins.detect_family(config)
+        check_family_version(family)
+        model_class = _resolve_model_class(config, cls._auto_class)
+        model = model_class.from_pretrained(name_or_path, **hf_kwargs)
+        return _finish(model, engine, backend, family, mesh)
+
+    @classmethod
+    def from_model(cls, model: Any, *, backend: str = "jax", mesh: Any = None) -> Any:
+        """Run an already-loaded ``torch.nn.Module`` from transformers on ``backend``."""
+        engine = get_backend(backend)
+        family = plugins.detect_family(model.config)
+        check_family_version(family)
+        return _finish(model, engine, backend, family, mesh)
+
+
+def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any) -> Any:
+    hook = plugins.get_plugin_manager().hook
+    model.eval()
+    hook.hfax_patch_model(model=model, family=family, backend=backend, patcher=Patcher(model))
+    plan = hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+    params = hook.hfax_shard_weights(model=model, plan=plan, mesh=mesh, backend=backend)
+    if params is None:
+        raise RuntimeError(f"no plugin implements hfax_shard_weights for backend {backend!r}; its plugin is broken")
+    return engine.build(model, params=params, family=family, plan=plan, mesh=mesh)
+
+
+class AutoModel(AutoModelForTPU):
+    """Mirror of ``transformers.AutoModel`` (base model: hidden states)."""
+
+    _auto_class = "AutoModel"
+
+
+class AutoModelForCausalLM(AutoModelForTPU):
+    """Mirror of ``transformers.AutoModelForCausalLM``."""
+
+    _auto_class = "AutoModelForCausalLM"
+
+
+class AutoModelForSeq2SeqLM(AutoModelForTPU):
+    """Mirror of ``transformers.AutoModelForSeq2SeqLM``."""
+
+    _auto_class = "AutoModelForSeq2SeqLM"
+
+
+class AutoModelForSequenceClassification(AutoModelForTPU):
+    """Mirror of ``transformers.AutoModelForSequenceClassification``."""
+
+    _auto_class = "AutoModelForSequenceClassification"
+
+
+class AutoModelForMaskedLM(AutoModelForTPU):
+    """Mirror of ``transformers.AutoModelForMaskedLM``."""
+
+    _auto_class = "AutoModelForMaskedLM"

@@ -1,0 +1,146 @@
+"""The ``hfax`` command line."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import time
+from typing import Any, Optional
+
+import typer
+
+from hfax import plugins
+
+app = typer.Typer(help="Run Hugging Face transformers models on XLA devices.", no_args_is_help=True, add_completion=False)
+
+
+@app.command("plugins")
+def plugins_command() -> None:
+    """List every plugin: distribution, version, status and the backends and families it provides."""
+    for info in plugins.plugin_infos():
+        provides = [f"backend {name}" for name in info.backends] + [f"family {name}" for name in info.families]
+        line = f"{info.name:<16} {info.distribution} {info.version:<10} {info.status:<8} {', '.join(provides) or '-'}"
+        typer.echo(line)
+        if info.error:
+            typer.echo(f"{'':<16} error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})")
+
+
+@app.command("env")
+def env_command() -> None:
+    """Print versions and, for each installed backend, its devices."""
+    typer.echo(f"python       {platform.python_version()} ({platform.platform()})")
+    for distribution in ("hfax-core", "transformers", "torch", "jax", "jaxlib", "torchax", "torch_xla"):
+        try:
+            typer.echo(f"{distribution:<12} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    for name, spec in sorted(plugins.backends().items()):
+        try:
+            devices = spec.load().devices()
+        except Exception as error:  # a broken backend is reported, not fatal, in a diagnostic command
+            devices = [f"unavailable: {type(error).__name__}: {error}"]
+        typer.echo(f"backend {name}: {', '.join(map(str, devices))}")
+
+
+def _parse_mesh(mesh: str | None) -> Any:
+    if not mesh:
+        return None
+    sizes = {}
+    for part in mesh.split(","):
+        axis, _, size = part.partition("=")
+        if not size.strip().isdigit():
+            raise typer.BadParameter(f"expected AXIS=SIZE[,AXIS=SIZE], e.g. model=8, got {part!r}", param_hint="--mesh")
+        sizes[axis.strip()] = int(size)
+    from hfax import make_mesh
+
+    return make_mesh(**sizes)
+
+
+def _load(model: str | None, backend: str, mesh: str | None, dtype: str | None) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer
+
+    from hfax import AutoModelForCausalLM
+    from hfax.demo import default_model
+
+    path = model or default_model()
+    kwargs = {"dtype": dtype} if dtype else {}
+    started = time.perf_counter()
+    loaded = AutoModelForCausalLM.from_pretrained(path, backend=backend, mesh=_parse_mesh(mesh), **kwargs)
+    typer.echo(f"[loaded {path} on {backend} in {time.perf_counter() - started:.1f} s]", err=True)
+    return AutoTokenizer.from_pretrained(path), loaded
+
+
+def _generate(model: Any, tokenizer: Any, input_ids: Any, options: dict[str, Any]) -> Any:
+    from transformers import TextStreamer
+
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    started = time.perf_counter()
+    output = model.generate(input_ids, streamer=streamer, **options)
+    elapsed = time.perf_counter() - started
+    stats = model.last_generate_stats
+    typer.echo(
+        f"\n[{stats.new_tokens} tokens in {elapsed:.2f} s: {stats.tokens_per_second:.1f} tokens/s decoding, "
+        f"compile {stats.compile_seconds:.2f} s]",
+        err=True,
+    )
+    return output
+
+
+ModelOption = typer.Option(None, "--model", "-m", help="Hub id or local dir; default: the embedded Gemma 3 270M.")
+BackendOption = typer.Option("jax", "--backend", "-b", help="jax or torch_xla.")
+MeshOption = typer.Option(None, "--mesh", help="Device mesh, e.g. model=8 or data=2,model=4.")
+DtypeOption = typer.Option(None, "--dtype", help="float32 or bfloat16 (default: the checkpoint's).")
+
+
+@app.command("generate")
+def generate_command(
+    prompt: str = typer.Argument(..., help="Text to continue."),
+    model: Optional[str] = ModelOption,
+    backend: str = BackendOption,
+    mesh: Optional[str] = MeshOption,
+    dtype: Optional[str] = DtypeOption,
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n"),
+    do_sample: bool = typer.Option(False, "--sample/--greedy"),
+    temperature: float = typer.Option(1.0),
+    top_k: int = typer.Option(0, help="0 disables top-k."),
+    top_p: float = typer.Option(1.0),
+    seed: int = typer.Option(0),
+) -> None:
+    """Stream the continuation of PROMPT, then report tokens/s and compile time."""
+    tokenizer, loaded = _load(model, backend, mesh, dtype)
+    input_ids = tokenizer([prompt], return_tensors="np")["input_ids"]
+    options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    typer.echo(prompt, nl=False)
+    _generate(loaded, tokenizer, input_ids, options)
+
+
+@app.command("chat")
+def chat_command(
+    model: Optional[str] = ModelOption,
+    backend: str = BackendOption,
+    mesh: Optional[str] = MeshOption,
+    dtype: Optional[str] = DtypeOption,
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n"),
+) -> None:
+    """Chat with the model, using its tokenizer's chat template. An empty line or EOF ends the chat."""
+    tokenizer, loaded = _load(model, backend, mesh, dtype)
+    if not getattr(tokenizer, "chat_template", None):
+        raise typer.BadParameter("this model's tokenizer has no chat template; use `hfax generate` instead", param_hint="--model")
+    messages: list[dict[str, str]] = []
+    while True:
+        try:
+            text = input("you> ").strip()
+        except EOFError:
+            break
+        if not text:
+            break
+        messages.append({"role": "user", "content": text})
+        input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np", return_dict=True)["input_ids"]
+        typer.echo("model> ", nl=False)
+        output = _generate(loaded, tokenizer, input_ids, {"max_new_tokens": max_new_tokens})
+        reply = tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": reply.strip()})
+
+
+def main() -> None:
+    app()

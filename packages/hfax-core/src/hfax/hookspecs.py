@@ -1,0 +1,141 @@
+"""The hooks through which backends and model families plug into hfax.
+
+A plugin is a module (or object) with functions named like the specs below, decorated with
+``hfax.hookimpl``, advertised in the ``hfax`` entry-point group of its distribution::
+
+    [project.entry-points.hfax]
+    myfamily = "hfax_myfamily.plugin"
+
+Hook arguments are passed by name; an implementation may accept any subset of them, as in pluggy.
+The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from hfax.patching import Patcher
+    from hfax.registry import BackendSpec, Claim, FamilySpec, ShardingPlan
+
+hookspec = pluggy.HookspecMarker("hfax")
+
+
+@hookspec
+def hfax_backends() -> list[BackendSpec]:
+    """Name the backends this plugin provides.
+
+    The backend registry: ``backend="jax"`` in the user API is looked up among the answers. A
+    :class:`~hfax.registry.BackendSpec` only names the backend and how to load it, so listing plugins
+    never imports torch or jax.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_backends():
+            return [hfax.BackendSpec("jax", "hfax.backends.jax.backend:JaxBackend")]
+    """
+
+
+@hookspec
+def hfax_families() -> list[FamilySpec]:
+    """Name the model families this plugin provides, with the transformers versions it was tested on.
+
+    Used by ``hfax plugins`` and to warn when a family's patches meet an untested transformers version.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_families():
+            return [hfax.FamilySpec("llama", model_types=("llama", "mistral"), transformers=">=5.20,<5.24")]
+    """
+
+
+@hookspec
+def hfax_detect_model(config: Any) -> Claim | str | None:
+    """Claim a model, given its ``transformers.PretrainedConfig``.
+
+    Return the family name (or a :class:`~hfax.registry.Claim` with a priority) when this plugin's family
+    handles the model, else ``None``. Every plugin is asked; core picks the claim with the highest priority
+    and rejects a tie between different families with an error naming both plugins. A config nobody
+    claims runs on the ``"generic"`` family: the unmodified transformers code.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_detect_model(config):
+            return "llama" if config.model_type in ("llama", "mistral") else None
+    """
+
+
+@hookspec
+def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) -> None:
+    """Patch a loaded PyTorch model for a backend, on the instance only.
+
+    Every plugin is called (families first check ``family``, backends check ``backend``). All changes go
+    through ``patcher`` so they are recorded, idempotent and undone by ``hfax.unpatch(model)``; never
+    patch ``transformers`` module globals.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_patch_model(model, family, backend, patcher):
+            if family == "llama" and backend == "jax":
+                patcher.setattr(model.config, "_attn_implementation", "hfax_jax")
+    """
+
+
+@hookspec(firstresult=True)
+def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan | None:
+    """Say how a model's parameters are laid out over the mesh axes ``data``, ``fsdp`` and ``model``.
+
+    The first non-``None`` answer wins. hfax-core answers last with a plan derived from
+    ``config.base_model_tp_plan`` (transformers' own colwise / rowwise plan); a family overrides it by
+    answering first.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_sharding_plan(model, config, family):
+            if family == "llama":
+                return hfax.ShardingPlan.from_tp_styles({"layers.*.mlp.up_proj": "colwise"}, prefix="model.")
+    """
+
+
+@hookspec(firstresult=True)
+def hfax_shard_weights(model: Any, plan: ShardingPlan, mesh: Any, backend: str) -> Any:
+    """Move a model's weights onto the backend's devices, placed by ``plan`` over ``mesh``.
+
+    Implemented by the backend named ``backend``; returns the backend's parameter pytree (for JAX, a
+    dict of ``jax.Array`` keyed by ``state_dict`` names). ``mesh`` is ``None`` for a single device.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_shard_weights(model, plan, mesh, backend):
+            if backend == "jax":
+                return {name: place(tensor, plan.spec_for(name, tensor.ndim), mesh) for name, tensor in ...}
+    """
+
+
+@hookspec(firstresult=True)
+def hfax_compile_step(
+    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+) -> Callable[..., Any] | None:
+    """Turn a pure step function (``prefill``, ``decode``, ``forward``) into a compiled program.
+
+    Implemented by the backend named ``backend`` (JAX: ``jax.jit``). A plugin answering first can wrap
+    compilation, e.g. to add profiling or a compiler option. ``name`` labels the program in logs.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_compile_step(fn, backend, name, static_argnames, donate_argnames):
+            if backend == "jax":
+                return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)
+    """
+
+#: Marks a plugin's implementation of one of the hooks above.
+hookimpl = pluggy.HookimplMarker("hfax")
