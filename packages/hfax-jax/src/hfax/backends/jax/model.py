@@ -1,0 +1,118 @@
+"""The model users get from ``hfax.AutoModelForTPU.from_pretrained(..., backend="jax")``."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from hfax.backends.jax import generation, pytrees
+from hfax.backends.jax.runtime import env, to_array, to_tensor
+
+
+class JaxModel:
+    """A transformers model whose weights live in JAX arrays and whose calls run as compiled XLA programs.
+
+    * ``model(**inputs)`` runs the jitted forward and returns the transformers output type with ``jax.Array``
+      fields; Python flags (``use_cache``, ``return_dict``, ...) are static, arrays are traced.
+    * ``model.params`` is the weight pytree and ``model.apply(params, *args, **kwargs)`` the pure forward, for
+      ``jax.jit`` / ``jax.grad``.
+    * ``model.generate(...)`` runs prefill and the whole decode loop on device (see ``generate.py``).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        params: dict[str, jax.Array],
+        *,
+        family: str,
+        plan: Any,
+        mesh: Any,
+        compile_step: Callable[..., Callable[..., Any]],
+    ) -> None:
+        self.module = module
+        self.config = module.config
+        self.generation_config = getattr(module, "generation_config", None)
+        self.params = params
+        self.family = family
+        self.plan = plan
+        self.mesh = mesh
+        self._compile_step = compile_step
+        self._programs: dict[str, Callable[..., Any]] = {}
+        self._signature = inspect.signature(module.forward).parameters
+        self.last_generate_stats: Any = None
+
+    def __repr__(self) -> str:
+        return f"JaxModel({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
+
+    @property
+    def dtype(self) -> Any:
+        """The floating dtype of the weights."""
+        floats = [p.dtype for p in self.params.values() if jnp.issubdtype(p.dtype, jnp.floating)]
+        return floats[0] if floats else jnp.float32
+
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(p.shape)) for p in self.params.values())
+
+    def accepts(self, argument: str) -> bool:
+        """Whether the wrapped model's ``forward`` takes ``argument``."""
+        return argument in self._signature or any(p.kind is p.VAR_KEYWORD for p in self._signature.values()) and argument in (
+            "logits_to_keep",
+            "position_ids",
+        )
+
+    def apply(self, params: dict[str, jax.Array], *args: Any, **kwargs: Any) -> Any:
+        """The pure forward: run the model with ``params`` on JAX values and return JAX values.
+
+        Traceable by ``jax.jit``, ``jax.grad`` and ``jax.vmap``; non-array keyword flags are passed through.
+        """
+        targs, tkwargs, tparams = to_tensor((args, kwargs, params))
+        with env():
+            output = torch.func.functional_call(self.module, tparams, targs, tkwargs, tie_weights=True, strict=False)
+        return pytrees.to_jax(output, to_array)
+
+    def program(self, name: str, fn: Callable[..., Any], donate: tuple[str, ...] = ()) -> Callable[..., Any]:
+        """``fn(self, ...)`` compiled once per model through the compile-step hook; ``static`` is static."""
+        if name not in self._programs:
+            self._programs[name] = self._compile_step(
+                functools.partial(fn, self), name=name, static_argnames=("static",), donate_argnames=donate
+            )
+        return self._programs[name]
+
+    def _forward(self, params: dict[str, jax.Array], arrays: dict[str, Any], static: tuple[tuple[str, Any], ...]) -> Any:
+        return self.apply(params, **arrays, **dict(static))
+
+    def __call__(self, *args: Any, **inputs: Any) -> Any:
+        """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
+        if args:
+            names = [name for name in self._signature if name != "self"]
+            inputs.update(zip(names, args))
+        arrays, static = {}, {}
+        for name, value in inputs.items():
+            if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
+                arrays[name] = as_jax(value)
+            else:
+                static[name] = value
+        if "use_cache" in self._signature and "use_cache" not in static:
+            static["use_cache"] = False  # a forward call has no cache to fill; generate() brings its own
+        return self.program("forward", JaxModel._forward)(self.params, arrays, static=tuple(sorted(static.items())))
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:
+        """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`."""
+        return generation.generate(self, input_ids, attention_mask, **options)
+
+
+def as_jax(value: Any) -> jax.Array:
+    """numpy / torch / JAX arrays as JAX arrays (64-bit integers become int32, as JAX computes in 32 bits)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    array = jnp.asarray(value)
+    if array.dtype == jnp.int64:
+        array = array.astype(jnp.int32)
+    return array
+

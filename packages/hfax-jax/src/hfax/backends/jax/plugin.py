@@ -1,0 +1,42 @@
+"""The JAX backend's hook implementations (entry point ``jax`` in group ``hfax``).
+
+Importing this module imports neither torch nor jax: ``hfax plugins`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hfax import BackendSpec, hookimpl
+
+NAME = "jax"
+
+
+@hookimpl
+def hfax_backends() -> list[BackendSpec]:
+    return [BackendSpec(NAME, "hfax.backends.jax.backend:JaxBackend", "JAX through torchax (TPU, GPU, CPU)")]
+
+
+@hookimpl
+def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[str, Any] | None:
+    """Copy every parameter and buffer to JAX arrays placed by ``plan`` over ``mesh``, and point the module at them.
+
+    The module's own tensors are replaced by torchax views of the placed arrays, so host memory holds no
+    second copy and eager debugging calls still work. Tied weights stay one array.
+    """
+    if backend != NAME:
+        return None
+    from hfax.backends.jax.weights import move_weights
+
+    return move_weights(model, plan, mesh)
+
+
+@hookimpl
+def hfax_compile_step(
+    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+) -> Callable[..., Any] | None:
+    if backend != NAME:
+        return None
+    import jax
+
+    return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)

@@ -1,0 +1,45 @@
+"""Moving a PyTorch model's weights into JAX arrays, placed on devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from hfax.backends.jax.mesh import place
+from hfax.backends.jax.runtime import to_tensor
+
+
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy without a copy where possible (bfloat16 through its bit pattern)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(jnp.bfloat16)
+    return tensor.numpy()
+
+
+def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:
+    """Place every parameter and buffer of ``model`` and make the module hold torchax views of them.
+
+    Returns ``{state name: jax.Array}`` with one entry per distinct tensor (tied weights once), the names
+    ``torch.func.functional_call`` expects.
+    """
+    moved: dict[int, torch.Tensor] = {}
+    params: dict[str, jax.Array] = {}
+    for prefix, module in model.named_modules():
+        for registry in ("_parameters", "_buffers"):
+            tensors = getattr(module, registry)
+            for name, tensor in list(tensors.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) not in moved:
+                    full_name = f"{prefix}.{name}" if prefix else name
+                    array = place(host_array(tensor), plan, full_name, mesh)
+                    params[full_name] = array
+                    view = to_tensor(array)
+                    moved[id(tensor)] = torch.nn.Parameter(view, requires_grad=False) if registry == "_parameters" else view
+                tensors[name] = moved[id(tensor)]
+    return params
