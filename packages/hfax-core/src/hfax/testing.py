@@ -1,0 +1,54 @@
+"""Helpers for testing hfax backends and family plugins against plain PyTorch on CPU.
+
+Tiny models are built from transformers config classes with random weights, saved and loaded back through
+``from_pretrained`` so the real loading code runs. Needs torch (any backend brings it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0) -> Any:
+    """Build ``auto_class`` from ``config`` with seeded random weights, save it to ``directory`` and return the
+    reference model loaded back from there (float32, eval mode)."""
+    import torch
+    import transformers
+
+    cls = getattr(transformers, auto_class)
+    torch.manual_seed(seed)
+    cls.from_config(config).save_pretrained(directory)
+    return cls.from_pretrained(directory).eval()
+
+
+def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists as one left-padded ``(input_ids, attention_mask)`` batch."""
+    width = max(map(len, prompts))
+    ids = np.full((len(prompts), width), pad_token_id, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = prompt
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def reference_generate(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **options: Any) -> np.ndarray:
+    """transformers' own ``generate`` on PyTorch/CPU (greedy unless told otherwise), as numpy."""
+    import torch
+
+    options.setdefault("do_sample", False)
+    mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+    with torch.no_grad():
+        return model.generate(torch.as_tensor(input_ids), attention_mask=mask, **options).numpy()
+
+
+def assert_same_continuation(expected: np.ndarray, actual: Any, pad_token_id: int) -> None:
+    """hfax returns ``prompt + max_new_tokens`` columns, padded after EOS; transformers stops once every row
+    finished. The common columns must match exactly and hfax's extra columns must be padding."""
+    actual = np.asarray(actual)
+    width = expected.shape[1]
+    np.testing.assert_array_equal(actual[:, :width], expected)
+    assert (actual[:, width:] == pad_token_id).all(), f"tokens after transformers stopped are not padding: {actual[:, width:]}"
