@@ -262,7 +262,7 @@ def generate(
         if streamer is not None:
             streamer.put(ids)
             streamer.end()
-        return jnp.asarray(ids.astype(np.int32))
+        return jax.device_put(ids.astype(np.int32))
 
     batch_size, prompt_size = bucket(batch, 1), bucket(length, MIN_LENGTH_BUCKET)
     padded_ids = np.full((batch_size, prompt_size), s["pad_token_id"], np.int32)
@@ -285,7 +285,7 @@ def generate(
         "pad": jnp.int32(s["pad_token_id"]),
         "key": jax.random.key(int(s["seed"])),
     }
-    arrays = (model.params, jnp.asarray(padded_ids), jnp.asarray(padded_mask))
+    arrays = (model.params, jax.device_put(padded_ids), jax.device_put(padded_mask))
     if streamer is None:
         tokens, steps = model.program("generate", _generate_all)(*arrays, jnp.int32(max_new), options, static=static)
         tokens = np.asarray(tokens)
@@ -298,7 +298,7 @@ def generate(
         compile_seconds=(after.compile_seconds - before.compile_seconds) + (after.trace_seconds - before.trace_seconds),
         compiles=after.compiles - before.compiles,
     )
-    return jnp.asarray(np.concatenate([ids, tokens[:batch, :max_new]], axis=1).astype(np.int32))
+    return jax.device_put(np.concatenate([ids, tokens[:batch, :max_new]], axis=1).astype(np.int32))
 
 
 def _stream(model: Any, static: Static, arrays: tuple, max_new: int, options: Any, streamer: Any, ids: np.ndarray) -> tuple[np.ndarray, int]:

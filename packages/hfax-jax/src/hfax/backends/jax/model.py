@@ -71,6 +71,7 @@ class JaxModel:
 
         Traceable by ``jax.jit``, ``jax.grad`` and ``jax.vmap``; non-array keyword flags are passed through.
         """
+        args, kwargs = jax.tree_util.tree_map(_host_to_jax, (args, kwargs))
         targs, tkwargs, tparams = to_tensor((args, kwargs, params))
         with env():
             output = torch.func.functional_call(self.module, tparams, targs, tkwargs, tie_weights=True, strict=False)
@@ -107,12 +108,17 @@ class JaxModel:
         return generation.generate(self, input_ids, attention_mask, **options)
 
 
+def _host_to_jax(value: Any) -> Any:
+    return as_jax(value) if isinstance(value, np.ndarray) or type(value) is torch.Tensor else value
+
+
 def as_jax(value: Any) -> jax.Array:
     """numpy / torch / JAX arrays as JAX arrays (64-bit integers become int32, as JAX computes in 32 bits)."""
+    if isinstance(value, jax.Array):
+        return value.astype(jnp.int32) if value.dtype == jnp.int64 else value
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
-    array = jnp.asarray(value)
-    if array.dtype == jnp.int64:
-        array = array.astype(jnp.int32)
-    return array
-
+    array = np.asarray(value)
+    if array.dtype == np.int64:
+        array = array.astype(np.int32)  # on the host: jnp would compile a conversion program per shape
+    return jax.device_put(array)
