@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from hfax.backends.jax import lowerings
 from hfax.backends.jax._torchax_compat import import_torchax
 
 torchax = import_torchax()  # the only import of torchax in hfax: it must go through the bridge
@@ -15,7 +16,9 @@ torchax = import_torchax()  # the only import of torchax in hfax: it must go thr
 @functools.cache
 def env() -> Any:
     """torchax's environment: inside ``with env():`` torch operations on torchax tensors run as JAX."""
-    return torchax.default_env()
+    environment = torchax.default_env()
+    lowerings.install(environment)
+    return environment
 
 
 def to_tensor(tree: Any) -> Any:
