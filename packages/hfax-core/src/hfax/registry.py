@@ -62,19 +62,26 @@ _STYLE_DIM = {
 
 @dataclasses.dataclass(frozen=True)
 class ShardingPlan:
-    """Ordered rules ``(regex over state_dict names, Spec)``; the first match wins, no match replicates."""
+    """Ordered rules ``(regex over state_dict names, Spec)``; the first match wins, no match replicates.
+
+    ``units`` are ``(regex, n)`` pairs: a matching tensor is split over ``model`` only into pieces holding a
+    whole number of ``n``-element blocks, so an attention projection is split between heads, never inside
+    one (a model with fewer key/value heads than the ``model`` axis keeps its k/v projections whole).
+    """
 
     rules: tuple[tuple[str, Spec], ...] = ()
+    units: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def from_tp_styles(cls, styles: Mapping[str, str], prefix: str = "") -> ShardingPlan:
+    def from_tp_styles(cls, styles: Mapping[str, str], prefix: str = "", units: Mapping[str, int] | None = None) -> ShardingPlan:
         """Build a plan from a transformers ``tp_plan`` (``{"layers.*.mlp.up_proj": "colwise", ...}``).
 
         ``prefix`` is where the plan's module paths start inside the full model (``"model."`` for the base
         model of a ``*ForCausalLM``); a ``*`` stands for a layer index. Styles that do not split a weight
-        (``"gather"``, ``"sequence_parallel"``, ...) replicate it.
+        (``"gather"``, ``"sequence_parallel"``, ...) replicate it. ``units`` maps a module path of ``styles``
+        to the block size its split must respect (an attention projection's ``head_dim``).
         """
-        rules = []
+        rules, unit_rules = [], []
         for path, style in styles.items():
             dim = _STYLE_DIM.get(style)
             if dim is None:
@@ -85,7 +92,9 @@ class ShardingPlan:
             rules.append((rf"(^|\.){module}\.weight$", tuple(weight)))
             if dim == 0:
                 rules.append((rf"(^|\.){module}\.bias$", ("model",)))
-        return cls(tuple(rules))
+            if units and units.get(path, 1) > 1:
+                unit_rules.append((rf"(^|\.){module}\.(weight|bias)$", units[path]))
+        return cls(tuple(rules), tuple(unit_rules))
 
     def spec_for(self, name: str, ndim: int) -> Spec:
         """The layout of parameter ``name`` with ``ndim`` dimensions (all ``None`` = replicated)."""
@@ -94,6 +103,11 @@ class ShardingPlan:
                 return spec
         return (None,) * ndim
 
+    def unit_for(self, name: str) -> int:
+        """The block size a split of ``name`` over ``model`` must respect (1: any even split)."""
+        return next((unit for pattern, unit in self.units if re.search(pattern, name)), 1)
+
     def describe(self, shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, Spec]]:
         """Pair every named shape with its layout, for printing a plan."""
         return [(name, self.spec_for(name, len(shape))) for name, shape in shapes.items()]
+
