@@ -26,7 +26,7 @@ from hfax.auto import (
 from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
 from hfax.plugins import detect_family, get_plugin_manager, register, unregister
-from hfax.registry import BackendSpec, Claim, FamilySpec, ShardingPlan
+from hfax.registry import BackendSpec, Claim, DeviceMemoryError, FamilySpec, Layout, Placement, ShardingPlan
 
 
 def make_mesh(**axis_sizes: int) -> Any:
@@ -48,8 +48,11 @@ __all__ = [
     "BackendNotInstalledError",
     "BackendSpec",
     "Claim",
+    "DeviceMemoryError",
     "FamilySpec",
+    "Layout",
     "Patcher",
+    "Placement",
     "ShardingPlan",
     "detect_family",
     "get_backend",

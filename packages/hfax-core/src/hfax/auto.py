@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -10,6 +11,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from hfax import plugins
 from hfax.patching import Patcher
+
+logger = logging.getLogger("hfax")
 
 #: Backends hfax knows how to install, with the command that does it.
 KNOWN_BACKENDS = {"jax": 'pip install "hfax[jax]"', "torch_xla": 'pip install "hfax[torchxla]"'}
@@ -95,9 +98,36 @@ class AutoModelForTPU:
         """Load ``name_or_path`` (a Hub id or local dir; ``None`` = hfax's default model) on ``backend``.
 
         ``hf_kwargs`` go to transformers' ``from_pretrained`` (``dtype``, ``gguf_file``, ``revision``,
-        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``).
+        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``). Before any
+        weight is read, the bytes each device will hold are logged (logger ``hfax``) and checked against the
+        device's memory: a model that cannot fit raises :class:`~hfax.registry.DeviceMemoryError`.
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
+        name_or_path, model_class, family, model = cls._resolve(name_or_path, hf_kwargs)
+        plan = _plan(model, backend, family, mesh)
+        model = model_class.from_pretrained(name_or_path, **hf_kwargs)
+        return _finish(model, engine, backend, family, mesh, plan)
+
+    @classmethod
+    def plan(cls, name_or_path: str | None = None, *, backend: str = "jax", mesh: Any = None, **hf_kwargs: Any) -> Any:
+        """What ``from_pretrained`` would put on every device, without reading a weight.
+
+        Returns an :class:`~hfax.registry.Layout`: ``print`` it for the table (tensor, shape, dtype, spec,
+        bytes per device). ``mesh`` may be a mapping of axis sizes (``{"model": 8}``) to plan for devices
+        that are not attached.
+        """
+        get_backend(backend)
+        _, _, family, model = cls._resolve(name_or_path, hf_kwargs)
+        hook = plugins.get_plugin_manager().hook
+        plan = hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+        layout = hook.hfax_plan_layout(model=model, plan=plan, mesh=mesh, backend=backend)
+        if layout is None:
+            raise ValueError(f"backend {backend!r} does not implement hfax_plan_layout, so it cannot say where weights go")
+        return layout
+
+    @classmethod
+    def _resolve(cls, name_or_path: str | None, hf_kwargs: dict[str, Any]) -> tuple[str, Any, str, Any]:
+        """Resolve ``name_or_path`` to its model class and family, and build the model on the meta device."""
         if name_or_path is None:
             from hfax.demo import default_model
 
@@ -107,8 +137,7 @@ class AutoModelForTPU:
         family = plugins.detect_family(config)
         check_family_version(family)
         model_class = _resolve_model_class(config, cls._auto_class)
-        model = model_class.from_pretrained(name_or_path, **hf_kwargs)
-        return _finish(model, engine, backend, family, mesh)
+        return name_or_path, model_class, family, _meta_model(model_class, config, hf_kwargs.get("dtype"))
 
     @classmethod
     def from_model(cls, model: Any, *, backend: str = "jax", mesh: Any = None) -> Any:
@@ -119,11 +148,36 @@ class AutoModelForTPU:
         return _finish(model, engine, backend, family, mesh)
 
 
-def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any) -> Any:
+def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:
+    """``model_class`` built from ``config`` on torch's ``meta`` device: names, shapes and dtypes, no memory.
+
+    ``dtype`` is ``from_pretrained``'s (``None`` or ``"auto"``: the checkpoint's, from the config).
+    """
+    import torch
+
+    kwargs = {} if dtype in (None, "auto") else {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
+    build = getattr(model_class, "_from_config", None) or model_class.from_config
+    with torch.device("meta"):
+        return build(config, **kwargs)
+
+
+def _plan(model: Any, backend: str, family: str, mesh: Any) -> Any:
+    """The sharding plan for ``model``, after checking that the weights it places fit the devices."""
+    hook = plugins.get_plugin_manager().hook
+    plan = hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+    layout = hook.hfax_plan_layout(model=model, plan=plan, mesh=mesh, backend=backend)
+    if layout is not None:
+        logger.info("hfax: %s", layout.summary())
+        layout.check()
+    return plan
+
+
+def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any, plan: Any = None) -> Any:
     hook = plugins.get_plugin_manager().hook
     model.eval()
     hook.hfax_patch_model(model=model, family=family, backend=backend, patcher=Patcher(model))
-    plan = hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+    if plan is None:  # an already-loaded model: checked now, before its weights move
+        plan = _plan(model, backend, family, mesh)
     params = hook.hfax_shard_weights(model=model, plan=plan, mesh=mesh, backend=backend)
     if params is None:
         raise RuntimeError(f"no plugin implements hfax_shard_weights for backend {backend!r}; its plugin is broken")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import time
 from typing import Any, Optional
@@ -42,15 +43,22 @@ def env_command() -> None:
         typer.echo(f"backend {name}: {', '.join(map(str, devices))}")
 
 
-def _parse_mesh(mesh: str | None) -> Any:
-    if not mesh:
-        return None
-    sizes = {}
-    for part in mesh.split(","):
+def _parse_sizes(mesh: str | None) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for part in (mesh or "").split(","):
+        if not part.strip():
+            continue
         axis, _, size = part.partition("=")
         if not size.strip().isdigit():
             raise typer.BadParameter(f"expected AXIS=SIZE[,AXIS=SIZE], e.g. model=8, got {part!r}", param_hint="--mesh")
         sizes[axis.strip()] = int(size)
+    return sizes
+
+
+def _parse_mesh(mesh: str | None) -> Any:
+    sizes = _parse_sizes(mesh)
+    if not sizes:
+        return None
     from hfax import make_mesh
 
     return make_mesh(**sizes)
@@ -90,6 +98,38 @@ ModelOption = typer.Option(None, "--model", "-m", help="Hub id or local dir; def
 BackendOption = typer.Option("jax", "--backend", "-b", help="jax or torch_xla.")
 MeshOption = typer.Option(None, "--mesh", help="Device mesh, e.g. model=8 or data=2,model=4.")
 DtypeOption = typer.Option(None, "--dtype", help="float32 or bfloat16 (default: the checkpoint's).")
+
+
+@app.command("plan")
+def plan_command(
+    model: Optional[str] = ModelOption,
+    backend: str = BackendOption,
+    mesh: Optional[str] = MeshOption,
+    dtype: Optional[str] = DtypeOption,
+    device_memory: Optional[str] = typer.Option(
+        None, "--device-memory", help="What one device holds, e.g. 16GB (default: the devices' own; unknown on CPU)."
+    ),
+) -> None:
+    """Print where every weight would go (tensor, spec, bytes per device) without loading any.
+
+    The mesh need not exist here: plan a TPU pod slice from a laptop with --mesh fsdp=4,model=8 --device-memory 16GB.
+    """
+    from hfax import AutoModelForCausalLM
+    from hfax.registry import MESH_AXES, DeviceMemoryError
+
+    sizes = _parse_sizes(mesh)
+    if set(sizes) - set(MESH_AXES):
+        raise typer.BadParameter(f"mesh axes must be among {', '.join(MESH_AXES)}, got {mesh!r}", param_hint="--mesh")
+    if device_memory:
+        os.environ["HFAX_DEVICE_MEMORY"] = device_memory
+    kwargs = {"dtype": dtype} if dtype else {}
+    layout = AutoModelForCausalLM.plan(model, backend=backend, mesh=sizes or None, **kwargs)
+    typer.echo(str(layout))
+    try:
+        layout.check()
+    except DeviceMemoryError as error:
+        typer.echo(f"does not fit: {error}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("generate")

@@ -18,7 +18,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from hfax.patching import Patcher
-    from hfax.registry import BackendSpec, Claim, FamilySpec, ShardingPlan
+    from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
 
 hookspec = pluggy.HookspecMarker("hfax")
 
@@ -70,6 +70,48 @@ def hfax_detect_model(config: Any) -> Claim | str | None:
     """
 
 
+@hookspec(firstresult=True)
+def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan | None:
+    """Say how a model's parameters are laid out over the mesh axes ``data``, ``fsdp`` and ``model``.
+
+    The first non-``None`` answer wins. hfax-core answers last with a plan derived from
+    ``config.base_model_tp_plan`` (transformers' own colwise / rowwise plan), split between attention
+    heads; a family overrides it by answering first. ``from_pretrained`` asks before loading, so ``model``
+    may be built on torch's ``meta`` device: read names and shapes, not values.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_sharding_plan(model, config, family):
+            if family == "llama":
+                return hfax.ShardingPlan.from_tp_styles({"layers.*.mlp.up_proj": "colwise"}, prefix="model.")
+    """
+
+
+@hookspec(firstresult=True)
+def hfax_plan_layout(model: Any, plan: ShardingPlan, mesh: Any, backend: str) -> Layout | None:
+    """Say what every device will hold once ``model``'s weights are placed by ``plan`` over ``mesh``.
+
+    ``from_pretrained`` asks before loading any weight, with ``model`` built on torch's ``meta`` device
+    (names, shapes and dtypes, no data), and calls :meth:`~hfax.registry.Layout.check` on the answer, so a
+    model too large for its devices fails in seconds, not after the download; ``hfax plan`` prints it.
+    ``mesh`` is what ``from_pretrained`` got (``None`` for one device) or, to plan for devices that are not
+    attached, a mapping of axis sizes such as ``{"model": 8}``. Implemented by the backend named
+    ``backend``; without an answer nothing is checked.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_plan_layout(model, plan, mesh, backend):
+            if backend == "mine" and mesh is None:
+                tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+                return hfax.Layout(mesh=(), placements=tuple(
+                    hfax.Placement(name, tuple(t.shape), str(t.dtype), (None,) * t.ndim, t.nbytes, t.nbytes)
+                    for name, t in tensors.items()
+                ))
+    """
+
+
 @hookspec
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) -> None:
     """Patch a loaded PyTorch model for a backend, on the instance only.
@@ -84,23 +126,6 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) ->
         def hfax_patch_model(model, family, backend, patcher):
             if family == "llama" and backend == "jax":
                 patcher.setattr(model.config, "_attn_implementation", "hfax_jax")
-    """
-
-
-@hookspec(firstresult=True)
-def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan | None:
-    """Say how a model's parameters are laid out over the mesh axes ``data``, ``fsdp`` and ``model``.
-
-    The first non-``None`` answer wins. hfax-core answers last with a plan derived from
-    ``config.base_model_tp_plan`` (transformers' own colwise / rowwise plan); a family overrides it by
-    answering first.
-
-    Example::
-
-        @hfax.hookimpl
-        def hfax_sharding_plan(model, config, family):
-            if family == "llama":
-                return hfax.ShardingPlan.from_tp_styles({"layers.*.mlp.up_proj": "colwise"}, prefix="model.")
     """
 
 

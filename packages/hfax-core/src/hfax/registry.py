@@ -111,3 +111,82 @@ class ShardingPlan:
         """Pair every named shape with its layout, for printing a plan."""
         return [(name, self.spec_for(name, len(shape))) for name, shape in shapes.items()]
 
+
+class DeviceMemoryError(MemoryError):
+    """A model's weights, placed by its sharding plan, would not fit a device."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """One tensor on the mesh: its layout (a mesh axis or ``None`` per dimension) and its size, whole and per device."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    spec: Spec
+    bytes: int
+    bytes_per_device: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a sharding plan puts on every device: one :class:`Placement` per distinct tensor.
+
+    ``mesh`` holds the axis sizes (empty for one device); ``device_memory`` is the bytes one device can
+    hold, when known, and ``memory_source`` says where that number came from. ``str(layout)`` is the table
+    ``hfax plan`` prints.
+    """
+
+    mesh: tuple[tuple[str, int], ...]
+    placements: tuple[Placement, ...]
+    device_memory: int | None = None
+    memory_source: str = ""
+
+    @property
+    def bytes(self) -> int:
+        """The weights' size, every tensor counted once."""
+        return sum(placement.bytes for placement in self.placements)
+
+    @property
+    def bytes_per_device(self) -> int:
+        """What each device holds (every split is even, so every device holds the same)."""
+        return sum(placement.bytes_per_device for placement in self.placements)
+
+    def mesh_name(self) -> str:
+        return ",".join(f"{axis}={size}" for axis, size in self.mesh) or "one device"
+
+    def summary(self) -> str:
+        """One line: total weight bytes, bytes per device, and the device's memory when known."""
+        line = f"weights {_human(self.bytes)}, {_human(self.bytes_per_device)} per device on mesh {self.mesh_name()}"
+        if self.device_memory is not None:
+            line += f" (a device holds {_human(self.device_memory)}: {self.memory_source})"
+        return line
+
+    def check(self) -> None:
+        """Raise :class:`DeviceMemoryError`, with the ways out, when the weights do not fit a device."""
+        if self.device_memory is None or self.bytes_per_device <= self.device_memory:
+            return
+        devices = 1 << (-(-self.bytes // self.device_memory) - 1).bit_length()  # a power of two, as meshes are
+        raise DeviceMemoryError(
+            f"the weights need {_human(self.bytes_per_device)} per device on mesh {self.mesh_name()}, but a device holds "
+            f"{_human(self.device_memory)} ({self.memory_source}). Split them over more devices (at least {devices}, e.g. "
+            f"mesh=hfax.make_mesh(fsdp={devices})), or load a smaller dtype (dtype=\"bfloat16\"); if the device limit "
+            "is wrong, set HFAX_DEVICE_MEMORY (e.g. 16GB)."
+        )
+
+    def __str__(self) -> str:
+        rows = [("tensor", "shape", "dtype", "spec", "per device")]
+        for p in self.placements:
+            spec = "(" + ", ".join(axis or "-" for axis in p.spec) + ")"
+            rows.append((p.name, "x".join(map(str, p.shape)) or "scalar", p.dtype, spec, _human(p.bytes_per_device)))
+        widths = [max(len(row[column]) for row in rows) for column in range(4)]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4] for row in rows]
+        return "\n".join([*lines, self.summary()])
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:.3g} TB"
