@@ -5,11 +5,16 @@ stream of different requests compiles a bounded number of programs; the token co
 settings and the seed are traced values. Prompts are left-padded into their bucket; padding slots are
 masked, so a padded prompt produces the tokens it produces alone. Sampling and EOS handling run on
 device; the host sees the result once, or once per chunk when a streamer is given.
+
+On a mesh, prompt rows are split over the batch axes (``data``, ``fsdp``), the KV cache over rows and heads
+(``mesh.cache_sharding``), and the tokens handed back are whole on every device, so every process of a
+multi-host mesh reads the same result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -18,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.backends.jax import masks, monitor
+from hfax.backends.jax import masks, mesh, monitor
 from hfax.backends.jax.cache import SlotCache
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 
@@ -74,8 +79,10 @@ def _step(model: Any, static: Static, params: Any, buffers: Any, ids: Any, posit
             kwargs["logits_to_keep"] = 1
         output = torch.func.functional_call(model.module, tparams, (), kwargs, tie_weights=True, strict=False)
         logits = output.logits[:, -1, :]
-        new_buffers = cache.buffers()
-    return to_array(logits).astype(jnp.float32), to_array(new_buffers)
+        new_buffers = to_array(cache.buffers())
+    if model.mesh is not None:  # heads over `model`, rows over the batch axes, in prefill and every decode step
+        new_buffers = mesh.constrain(new_buffers, functools.partial(mesh.cache_sharding, model.mesh))
+    return to_array(logits).astype(jnp.float32), new_buffers
 
 
 def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.Array, options: dict[str, Any]) -> tuple[Any, Any]:
@@ -95,7 +102,7 @@ def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.A
         drop_sorted = (cumulative <= 1 - options["top_p"]).at[:, -1].set(False)
         drop = jnp.zeros_like(drop_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(drop_sorted)
         logits = jnp.where(drop, -jnp.inf, logits)
-        token = jax.random.categorical(jax.random.fold_in(options["key"], index), logits, axis=-1)
+        token = jax.random.categorical(jax.random.fold_in(jax.random.wrap_key_data(options["key"]), index), logits, axis=-1)
     else:
         token = jnp.argmax(logits, axis=-1)
     token = jnp.where(finished, options["pad"], token.astype(jnp.int32))
@@ -132,7 +139,11 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         tokens = jax.lax.dynamic_update_slice_in_dim(state["tokens"], token[:, None], step, axis=1)
         return {**state, "buffers": buffers, "tokens": tokens, "step": step + 1, "finished": finished}
 
-    return jax.lax.while_loop(unfinished, advance, state)
+    state = jax.lax.while_loop(unfinished, advance, state)
+    if model.mesh is not None:  # whole on every device, so every process of a multi-host mesh can read them
+        whole = jax.sharding.NamedSharding(model.mesh, jax.sharding.PartitionSpec())
+        state = {**state, **mesh.constrain({key: state[key] for key in ("tokens", "finished")}, lambda shape: whole)}
+    return state
 
 
 def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, limit: Any, options: Any, static: Static) -> Any:
@@ -255,7 +266,7 @@ def generate(
     ids, mask, s = _resolve(model, input_ids, attention_mask, settings)
     if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
         raise TypeError("streamer must have put() and end() methods, like transformers.TextStreamer")
-    batch, length = ids.shape
+    batch = ids.shape[0]
     max_new = int(s["max_new_tokens"])
     started, before = time.perf_counter(), monitor.snapshot()
     if max_new == 0:
@@ -264,33 +275,12 @@ def generate(
             streamer.end()
         return jax.device_put(ids.astype(np.int32))
 
-    batch_size, prompt_size = bucket(batch, 1), bucket(length, MIN_LENGTH_BUCKET)
-    padded_ids = np.full((batch_size, prompt_size), s["pad_token_id"], np.int32)
-    padded_mask = np.zeros((batch_size, prompt_size), bool)
-    padded_ids[:batch, prompt_size - length :], padded_mask[:batch, prompt_size - length :] = ids, mask
-    padded_ids[batch:], padded_mask[batch:] = padded_ids[0], padded_mask[0]  # filler rows, discarded
-    static = Static(
-        capacity=bucket(max_new, MIN_LENGTH_BUCKET),
-        do_sample=bool(s["do_sample"]),
-        windows=tuple(sorted(masks.layer_windows(model.config).items())),
-        pass_positions=model.accepts("position_ids"),
-        logits_to_keep=model.accepts("logits_to_keep"),
-    )
-    options = {
-        "temperature": jnp.float32(s["temperature"]),
-        "top_k": jnp.int32(s["top_k"]),
-        "top_p": jnp.float32(s["top_p"]),
-        "min_new_tokens": jnp.int32(s["min_new_tokens"]),
-        "eos": jnp.asarray(s["eos_token_id"] or [-1], jnp.int32),
-        "pad": jnp.int32(s["pad_token_id"]),
-        "key": jax.random.key(int(s["seed"])),
-    }
-    arrays = (model.params, jax.device_put(padded_ids), jax.device_put(padded_mask))
+    args, static = _arguments(model, ids, mask, s)
     if streamer is None:
-        tokens, steps = model.program("generate", _generate_all)(*arrays, jnp.int32(max_new), options, static=static)
+        tokens, steps = model.program("generate", _generate_all)(*args, static=static)
         tokens = np.asarray(tokens)
     else:
-        tokens, steps = _stream(model, static, arrays, max_new, options, streamer, ids)
+        tokens, steps = _stream(model, static, args, max_new, streamer, ids)
     after = monitor.snapshot()
     model.last_generate_stats = GenerateStats(
         new_tokens=int(steps) * batch,
@@ -301,13 +291,59 @@ def generate(
     return jax.device_put(np.concatenate([ids, tokens[:batch, :max_new]], axis=1).astype(np.int32))
 
 
-def _stream(model: Any, static: Static, arrays: tuple, max_new: int, options: Any, streamer: Any, ids: np.ndarray) -> tuple[np.ndarray, int]:
+def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any]) -> tuple[tuple[Any, ...], Static]:
+    """The generate program's arguments ``(params, ids, prompt_mask, limit, options)`` and its ``Static``.
+
+    Prompts are left-padded into their bucket, with rows enough for every batch axis of the mesh, and split
+    over those axes; the settings are replicated.
+    """
+    batch, length = ids.shape
+    rows = mesh.batch_multiple(model.mesh)
+    batch_size, prompt_size = -(-bucket(batch, 1) // rows) * rows, bucket(length, MIN_LENGTH_BUCKET)
+    padded_ids = np.full((batch_size, prompt_size), s["pad_token_id"], np.int32)
+    padded_mask = np.zeros((batch_size, prompt_size), bool)
+    padded_ids[:batch, prompt_size - length :], padded_mask[:batch, prompt_size - length :] = ids, mask
+    padded_ids[batch:], padded_mask[batch:] = padded_ids[0], padded_mask[0]  # filler rows, discarded
+    static = Static(
+        capacity=bucket(int(s["max_new_tokens"]), MIN_LENGTH_BUCKET),
+        do_sample=bool(s["do_sample"]),
+        windows=tuple(sorted(masks.layer_windows(model.config).items())),
+        pass_positions=model.accepts("position_ids"),
+        logits_to_keep=model.accepts("logits_to_keep"),
+    )
+    options = {
+        "temperature": np.float32(s["temperature"]),
+        "top_k": np.int32(s["top_k"]),
+        "top_p": np.float32(s["top_p"]),
+        "min_new_tokens": np.int32(s["min_new_tokens"]),
+        "eos": np.asarray(s["eos_token_id"] or [-1], np.int32),
+        "pad": np.int32(s["pad_token_id"]),
+        "key": np.asarray(jax.random.key_data(jax.random.key(int(s["seed"])))),
+    }
+    limit, options = mesh.replicate((np.int32(s["max_new_tokens"]), options), model.mesh)
+    return (model.params, *mesh.shard_batch((padded_ids, padded_mask), model.mesh), limit, options), static
+
+
+def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any) -> jax.stages.Lowered:
+    """The program ``generate`` runs for these arguments, lowered but not run.
+
+    ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
+    collectives a mesh costs.
+    """
+    ids, mask, s = _resolve(model, input_ids, attention_mask, settings)
+    args, static = _arguments(model, ids, mask, s)
+    return model.program("generate", _generate_all).lower(*args, static=static)
+
+
+def _stream(model: Any, static: Static, args: tuple[Any, ...], max_new: int, streamer: Any, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    params, prompt_ids, prompt_mask, _, options = args
     streamer.put(ids)
-    state = model.program("prefill", prefill_program)(*arrays, options, static=static)
-    params, sent = arrays[0], 0
+    state = model.program("prefill", prefill_program)(params, prompt_ids, prompt_mask, options, static=static)
+    sent = 0
     while True:
         limit = min(sent + STREAM_CHUNK, max_new)
-        state = model.program("decode", decode_program, donate=("state",))(params, state, jnp.int32(limit), options, static=static)
+        limit_array = mesh.replicate(np.int32(limit), model.mesh)
+        state = model.program("decode", decode_program, donate=("state",))(params, state, limit_array, options, static=static)
         step = int(state["step"])
         tokens = np.asarray(state["tokens"])
         streamer.put(tokens[: ids.shape[0], sent:step])

@@ -1,8 +1,13 @@
-"""Device meshes with hfax's axis names, and where each weight goes on one."""
+"""Device meshes with hfax's axis names, and where weights, inputs and the KV cache go on one.
+
+Every placement builds its global array with ``jax.make_array_from_callback``: each process hands JAX
+only the pieces its own devices hold, so the same code runs on one host and on a multi-host mesh
+(``jax.distributed.initialize``) where a process sees only its local devices.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -10,11 +15,15 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hfax.registry import MESH_AXES, ShardingPlan
 
+#: The axes a batch is split over: ``data`` replicates parameters, ``fsdp`` shards them too.
+BATCH_AXES = ("data", "fsdp")
+
 
 def make_mesh(**axis_sizes: int) -> Mesh:
     """A mesh over all devices with axes among ``data``, ``fsdp``, ``model``, e.g. ``make_mesh(data=2, model=4)``.
 
-    Axes are of JAX's *Auto* type: jax 0.10's default (Explicit) makes torchax's reshapes fail.
+    Axes are of JAX's *Auto* type: jax 0.10's default (Explicit) makes torchax's reshapes fail. On several
+    hosts, call ``jax.distributed.initialize()`` first: the mesh then spans every process's devices.
     """
     unknown = set(axis_sizes) - set(MESH_AXES)
     if unknown or not axis_sizes:
@@ -29,23 +38,95 @@ def make_mesh(**axis_sizes: int) -> Mesh:
     return jax.make_mesh(tuple(axis_sizes.values()), names, axis_types=(AxisType.Auto,) * len(names))
 
 
-def partition(plan: ShardingPlan, name: str, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """Where weight ``name`` goes: the plan's ``model`` split where the mesh has that axis and the size divides,
-    then ``fsdp`` over the largest remaining dimension it divides; anything else is replicated."""
+def partition(plan: ShardingPlan, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]) -> PartitionSpec:
+    """Where weight ``name`` goes on a mesh of axis ``sizes`` (``dict(mesh.shape)``).
+
+    The plan's ``model`` split where the mesh has that axis and it divides the dimension into whole units
+    (heads, for attention projections), then, for matrices, ``fsdp`` over the largest remaining dimension
+    it divides; anything else is replicated (vectors too: gathering a norm's weight costs more than it saves).
+    """
     spec: list[str | None] = []
+    unit = plan.unit_for(name)
     for axis, size in zip(plan.spec_for(name, len(shape)), shape):
-        keep = axis in mesh.shape and size % mesh.shape[axis] == 0
+        keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
         spec.append(axis if keep else None)
-    fsdp = mesh.shape.get("fsdp", 1)
-    if fsdp > 1:
+    fsdp = sizes.get("fsdp", 1)
+    if fsdp > 1 and len(shape) > 1:
         free = [i for i, axis in enumerate(spec) if axis is None and shape[i] % fsdp == 0]
         if free:
             spec[max(free, key=lambda i: shape[i])] = "fsdp"
     return PartitionSpec(*spec)
 
 
+def put(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global array laid out by ``sharding`` from a host array every process holds whole."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
 def place(array: Any, plan: ShardingPlan, name: str, mesh: Mesh | None) -> jax.Array:
     """Put one host array on the device(s): whole on the default device, or split over ``mesh``."""
     if mesh is None:
         return jax.device_put(array)
-    return jax.device_put(array, NamedSharding(mesh, partition(plan, name, array.shape, mesh)))
+    return put(array, NamedSharding(mesh, partition(plan, name, array.shape, dict(mesh.shape))))
+
+
+def batch_axes(mesh: Mesh, batch: int) -> tuple[str, ...]:
+    """The batch axes of ``mesh`` that together divide ``batch`` (the ``data`` axis first)."""
+    axes: list[str] = []
+    for axis in BATCH_AXES:
+        if mesh.shape.get(axis, 1) > 1 and batch % int(np.prod([mesh.shape[a] for a in (*axes, axis)])) == 0:
+            axes.append(axis)
+    return tuple(axes)
+
+
+def batch_multiple(mesh: Mesh | None) -> int:
+    """How many rows a batch needs so that every batch axis of ``mesh`` splits it."""
+    return 1 if mesh is None else int(np.prod([mesh.shape.get(axis, 1) for axis in BATCH_AXES]))
+
+
+def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """Rows split over the batch axes, every other dimension whole."""
+    if not shape:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh, shape[0]) or None, *(None,) * (len(shape) - 1)))
+
+
+def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """A ``[batch, kv_heads, length, head_dim]`` cache buffer: rows over the batch axes, heads over ``model``.
+
+    With fewer key/value heads than the ``model`` axis (or a count it does not divide) the heads are
+    replicated: each device keeps every key/value head, as its k/v projections are whole too.
+    """
+    batch, heads = shape[:2]
+    model = mesh.shape.get("model", 1)
+    head_axis = "model" if model > 1 and heads % model == 0 else None
+    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh, batch) or None, head_axis, *(None,) * (len(shape) - 2)))
+
+
+def shard_batch(tree: Any, mesh: Mesh | None) -> Any:
+    """Host arrays in ``tree`` as global arrays split along their first (batch) dimension.
+
+    Arrays that already span several processes are taken as placed.
+    """
+    if mesh is None:
+        return jax.device_put(tree)  # not jnp.asarray: it compiles a conversion program per shape
+
+    def one(x: Any) -> jax.Array:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x
+        return put(np.asarray(x), batch_sharding(mesh, np.shape(x)))
+
+    return jax.tree.map(one, tree)
+
+
+def replicate(tree: Any, mesh: Mesh | None) -> Any:
+    """Host values in ``tree`` (scalars, small arrays) as global arrays every device holds whole."""
+    if mesh is None:
+        return jax.device_put(tree)
+    whole = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: put(np.asarray(x), whole), tree)
+
+
+def constrain(tree: Any, sharding: Any) -> Any:
+    """``jax.lax.with_sharding_constraint`` on every array of ``tree``; ``sharding(shape)`` picks each one's."""
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding(x.shape)), tree)

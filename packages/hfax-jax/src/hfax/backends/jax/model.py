@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.backends.jax import generation, pytrees
+from hfax.backends.jax import generation, layout, pytrees
+from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 
 
@@ -59,6 +60,11 @@ class JaxModel:
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.params.values())
 
+    def sharding_report(self) -> Any:
+        """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape,
+        dtype, spec, bytes per device) and whose ``bytes_per_device`` is the total a device holds."""
+        return layout.array_layout(self.params, self.mesh)
+
     def accepts(self, argument: str) -> bool:
         """Whether the wrapped model's ``forward`` takes ``argument``."""
         return argument in self._signature or any(p.kind is p.VAR_KEYWORD for p in self._signature.values()) and argument in (
@@ -101,6 +107,7 @@ class JaxModel:
                 static[name] = value
         if "use_cache" in self._signature and "use_cache" not in static:
             static["use_cache"] = False  # a forward call has no cache to fill; generate() brings its own
+        arrays = shard_batch(arrays, self.mesh)
         return self.program("forward", JaxModel._forward)(self.params, arrays, static=tuple(sorted(static.items())))
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:

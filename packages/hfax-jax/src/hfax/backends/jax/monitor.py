@@ -18,6 +18,8 @@ class CompileCounter:
     compiles: int = 0
     compile_seconds: float = 0.0
     trace_seconds: float = 0.0
+    #: compiles by function, as JAX names it: ``"jit(_generate_all)"`` is the whole generate program
+    by_function: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 _totals = CompileCounter()
@@ -25,11 +27,12 @@ _lock = threading.Lock()
 _installed = False
 
 
-def _listener(event: str, duration: float, **_: object) -> None:
+def _listener(event: str, duration: float, fun_name: str = "?", **_: object) -> None:
     if event == _COMPILE_EVENT:
         with _lock:
             _totals.compiles += 1
             _totals.compile_seconds += duration
+            _totals.by_function[fun_name] = _totals.by_function.get(fun_name, 0) + 1
     elif event == _TRACE_EVENT:
         with _lock:
             _totals.trace_seconds += duration
@@ -48,4 +51,4 @@ def snapshot() -> CompileCounter:
     """The totals so far; subtract two snapshots to see what happened in between."""
     install()
     with _lock:
-        return dataclasses.replace(_totals)
+        return dataclasses.replace(_totals, by_function=dict(_totals.by_function))

@@ -18,11 +18,21 @@ def hfax_backends() -> list[BackendSpec]:
 
 
 @hookimpl
+def hfax_plan_layout(model: Any, plan: Any, mesh: Any, backend: str) -> Any:
+    """What ``hfax_shard_weights`` will put on each device, from shapes alone, and the devices' memory."""
+    if backend != NAME:
+        return None
+    from hfax.backends.jax.layout import plan_layout
+
+    return plan_layout(model, plan, mesh)
+
+
+@hookimpl
 def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[str, Any] | None:
     """Copy every parameter and buffer to JAX arrays placed by ``plan`` over ``mesh``, and point the module at them.
 
-    The module's own tensors are replaced by torchax views of the placed arrays, so host memory holds no
-    second copy and eager debugging calls still work. Tied weights stay one array.
+    The module's own tensors are replaced by torchax views of the placed arrays, one by one, so host memory
+    holds no second copy and eager debugging calls still work. Tied weights stay one array.
     """
     if backend != NAME:
         return None

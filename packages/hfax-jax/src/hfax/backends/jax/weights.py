@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -21,25 +21,44 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def tensor_slots(model: torch.nn.Module) -> Iterator[tuple[str, dict[str, Any], str, torch.Tensor]]:
+    """Every parameter and buffer slot: ``(state name, the module's registry, key in it, tensor)``.
+
+    A tied weight appears once per module that holds it, under each module's name.
+    """
+    for prefix, module in model.named_modules():
+        for registry in (module._parameters, module._buffers):
+            for name, tensor in list(registry.items()):
+                if tensor is not None:
+                    yield (f"{prefix}.{name}" if prefix else name), registry, name, tensor
+
+
+def distinct_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer once (a tied weight under its first name): the names
+    ``torch.func.functional_call`` expects."""
+    named: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for full_name, _, _, tensor in tensor_slots(model):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            named[full_name] = tensor
+    return named
+
+
 def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:
     """Place every parameter and buffer of ``model`` and make the module hold torchax views of them.
 
-    Returns ``{state name: jax.Array}`` with one entry per distinct tensor (tied weights once), the names
-    ``torch.func.functional_call`` expects.
+    Returns ``{state name: jax.Array}`` with one entry per distinct tensor (tied weights once). Each host
+    tensor is dropped from the module as soon as it is placed, so host memory holds the model once, and
+    each device receives only its own shard of a split tensor.
     """
     moved: dict[int, torch.Tensor] = {}
     params: dict[str, jax.Array] = {}
-    for prefix, module in model.named_modules():
-        for registry in ("_parameters", "_buffers"):
-            tensors = getattr(module, registry)
-            for name, tensor in list(tensors.items()):
-                if tensor is None:
-                    continue
-                if id(tensor) not in moved:
-                    full_name = f"{prefix}.{name}" if prefix else name
-                    array = place(host_array(tensor), plan, full_name, mesh)
-                    params[full_name] = array
-                    view = to_tensor(array)
-                    moved[id(tensor)] = torch.nn.Parameter(view, requires_grad=False) if registry == "_parameters" else view
-                tensors[name] = moved[id(tensor)]
+    for full_name, registry, name, tensor in tensor_slots(model):
+        if id(tensor) not in moved:
+            array = place(host_array(tensor), plan, full_name, mesh)
+            params[full_name] = array
+            view = to_tensor(array)
+            moved[id(tensor)] = torch.nn.Parameter(view, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else view
+        registry[name] = moved[id(tensor)]
     return params
