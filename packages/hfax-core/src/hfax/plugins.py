@@ -13,7 +13,7 @@ Environment switches, read when plugins are first loaded:
 ``HFAX_BLOCK_PLUGINS=broken``
     load every entry point except these names.
 ``HFAX_STRICT_PLUGINS=1``
-    a plugin that fails to load raises.
+    a plugin that fails to load raises :class:`PluginLoadError`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ GENERIC_FAMILY = "generic"
 
 class PluginLoadWarning(UserWarning):
     """A plugin could not be loaded and was skipped."""
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin failed to load in strict mode (``HFAX_STRICT_PLUGINS=1``); the cause is chained."""
 
 
 class PluginConflictError(RuntimeError):
@@ -93,7 +97,10 @@ class _Plugins:
         pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
         pm.add_hookspecs(hookspecs)
         pm.register(_builtin, name="hfax-core")
-        infos = [PluginInfo("hfax-core", "hfax-core", _version("hfax-core"), "builtin")]
+        core = PluginInfo("hfax-core", "hfax-core", _version("hfax-core"), "builtin")
+        core.backends, core.families = _provides(pm, _builtin)
+        infos = [core]
+        taken = {core.name: core.distribution}  # plugin name -> the distribution whose plugin holds it
         only, blocked = _names("HFAX_PLUGINS"), _names("HFAX_BLOCK_PLUGINS") or set()
         disabled = _flag("HFAX_DISABLE_PLUGINS")
         entry_points = sorted(
@@ -101,38 +108,50 @@ class _Plugins:
             key=lambda ep: (ep.dist.name if ep.dist else "", ep.name),
         )
         for ep in entry_points:
-            if pm.has_plugin(ep.name):  # the same distribution seen twice on sys.path
-                continue
             dist = ep.dist.name if ep.dist else "?"
             info = PluginInfo(ep.name, dist, ep.dist.version if ep.dist else "?", "loaded")
-            infos.append(info)
-            if disabled or (only is not None and ep.name not in only) or ep.name in blocked:
+            if ep.name in taken:
+                _failed(info, f"entry-point name {ep.name!r} is already taken by distribution {taken[ep.name]!r}")
+            elif disabled or (only is not None and ep.name not in only) or ep.name in blocked:
                 info.status = "blocked"
-                continue
-            try:
-                pm.register(ep.load(), name=ep.name)
-            except Exception as error:
-                if strict():
-                    raise
-                info.status, info.error = "failed", f"{type(error).__name__}: {error}"
-                warnings.warn(
-                    f"hfax plugin {ep.name!r} from distribution {dist!r} failed to load and was skipped "
-                    f"({info.error}). Disable it with HFAX_BLOCK_PLUGINS={ep.name} or uninstall {dist}.",
-                    PluginLoadWarning,
-                    stacklevel=4,
-                )
-        for info in infos:
-            plugin = pm.get_plugin(info.name)
-            if plugin is not None:
-                info.backends = tuple(spec.name for spec in _ask(pm, plugin, "hfax_backends"))
-                info.families = tuple(spec.name for spec in _ask(pm, plugin, "hfax_families"))
+            else:
+                try:
+                    plugin = ep.load()
+                    pm.register(plugin, name=ep.name)
+                    try:
+                        info.backends, info.families = _provides(pm, plugin)
+                    except Exception:
+                        pm.unregister(plugin)
+                        raise
+                    taken[ep.name] = dist
+                except Exception as error:
+                    _failed(info, f"{type(error).__name__}: {error}", error)
+            infos.append(info)
         self.infos = infos
         return pm
+
+
+def _failed(info: PluginInfo, error: str, cause: Exception | None = None) -> None:
+    """Report a plugin that could not be loaded: raise in strict mode, else warn and mark it failed."""
+    message = (
+        f"hfax plugin {info.name!r} from distribution {info.distribution!r} failed to load and was skipped "
+        f"({error}). Disable it with HFAX_BLOCK_PLUGINS={info.name} or uninstall {info.distribution}."
+    )
+    if strict():
+        raise PluginLoadError(message) from cause
+    info.status, info.error = "failed", error
+    warnings.warn(message, PluginLoadWarning, stacklevel=5)
 
 
 def _ask(pm: pluggy.PluginManager, plugin: Any, hook: str) -> list[Any]:
     impls = [impl for impl in getattr(pm.hook, hook).get_hookimpls() if impl.plugin is plugin]
     return [item for impl in impls for item in (impl.function() or [])]
+
+
+def _provides(pm: pluggy.PluginManager, plugin: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the backends and families ``plugin`` provides."""
+    backends = tuple(spec.name for spec in _ask(pm, plugin, "hfax_backends"))
+    return backends, tuple(spec.name for spec in _ask(pm, plugin, "hfax_families"))
 
 
 def _version(distribution: str) -> str:
@@ -165,16 +184,8 @@ def register(plugin: Any, name: str | None = None) -> None:
     """Register a plugin object directly, without an entry point (tests, notebooks)."""
     pm = get_plugin_manager()
     pm.register(plugin, name=name)
-    _plugins.infos.append(
-        PluginInfo(
-            pm.get_name(plugin) or "?",
-            "(registered in code)",
-            "",
-            "loaded",
-            backends=tuple(spec.name for spec in _ask(pm, plugin, "hfax_backends")),
-            families=tuple(spec.name for spec in _ask(pm, plugin, "hfax_families")),
-        )
-    )
+    backends, families = _provides(pm, plugin)
+    _plugins.infos.append(PluginInfo(pm.get_name(plugin) or "?", "(registered in code)", "", "loaded", "", backends, families))
 
 
 def unregister(name: str) -> None:
@@ -206,7 +217,7 @@ def detect_family(config: Any) -> str:
     pm = get_plugin_manager()
     claims: list[tuple[Claim, str]] = []
     for impl in reversed(pm.hook.hfax_detect_model.get_hookimpls()):
-        answer = impl.function(config=config)
+        answer = impl.function(*[config for _ in impl.argnames])  # an implementation may take no arguments
         if answer is None:
             continue
         claim = Claim(answer) if isinstance(answer, str) else answer
