@@ -18,12 +18,14 @@ app = typer.Typer(help="Run Hugging Face transformers models on XLA devices.", n
 @app.command("plugins")
 def plugins_command() -> None:
     """List every plugin: distribution, version, status and the backends and families it provides."""
-    for info in plugins.plugin_infos():
+    infos = plugins.plugin_infos()
+    rows = [(info.name, info.distribution, info.version, info.status) for info in infos]
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    for info, row in zip(infos, rows):
         provides = [f"backend {name}" for name in info.backends] + [f"family {name}" for name in info.families]
-        line = f"{info.name:<16} {info.distribution} {info.version:<10} {info.status:<8} {', '.join(provides) or '-'}"
-        typer.echo(line)
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + (", ".join(provides) or "-"))
         if info.error:
-            typer.echo(f"{'':<16} error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})")
+            typer.echo(f"{'':<{widths[0]}}  error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})")
 
 
 @app.command("env")
