@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 #: A per-dimension layout: one mesh axis name (or ``None`` for "not split") per tensor dimension.
 Spec = tuple[str | None, ...]
@@ -14,15 +14,25 @@ Spec = tuple[str | None, ...]
 MESH_AXES = ("data", "fsdp", "model")
 
 
+class Backend(Protocol):
+    """What core asks of the object a :class:`BackendSpec` loads."""
+
+    def devices(self) -> Sequence[Any]:
+        """The devices this backend would run on here (``hfax env`` prints them)."""
+
+    def build(self, model: Any, *, params: Any, family: str, plan: ShardingPlan, mesh: Any) -> Any:
+        """The hfax model for a patched PyTorch ``model`` whose weights ``hfax_shard_weights`` placed as ``params``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendSpec:
-    """A backend as named by its plugin: ``target`` is ``"module:attribute"`` of its backend class."""
+    """A backend as named by its plugin: ``target`` is ``"module:attribute"`` of a :class:`Backend` class."""
 
     name: str
     target: str
     description: str = ""
 
-    def load(self) -> Any:
+    def load(self) -> Backend:
         """Import the backend and return an instance (this is where torch / jax get imported)."""
         module, _, attribute = self.target.partition(":")
         return getattr(importlib.import_module(module), attribute)()
