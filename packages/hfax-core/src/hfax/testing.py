@@ -1,15 +1,45 @@
-"""Helpers for testing hfax backends and family plugins against plain PyTorch on CPU.
+"""Helpers for testing hfax plugins: fake installed distributions, tiny checkpoints and PyTorch references.
+
+``write_distribution`` lays out what ``pip install`` would leave in ``site-packages``: a ``.dist-info``
+folder with ``entry_points.txt``, plus the plugin's modules. Put the folder on ``sys.path`` and call
+``hfax.plugins.reset_plugins()``; the next use of hfax finds the plugin through its entry point, as it
+would find an installed one.
 
 Tiny models are built from transformers config classes with random weights, saved and loaded back through
-``from_pretrained`` so the real loading code runs. Needs torch (any backend brings it).
+``from_pretrained`` so the real loading code runs. Those helpers need torch (any backend brings it).
 """
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
+
+
+def write_distribution(
+    directory: str | Path,
+    name: str,
+    entry_points: Mapping[str, str],
+    modules: Mapping[str, str] | None = None,
+    version: str = "0.0.0",
+) -> Path:
+    """Write an installed distribution ``name`` into ``directory`` and return its ``.dist-info`` folder.
+
+    ``entry_points`` maps plugin names to the objects the ``hfax`` group points at (``"module"`` or
+    ``"module:attribute"``); ``modules`` maps module names to their source (dedented).
+    """
+    directory = Path(directory)
+    dist_info = directory / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = [f"{plugin} = {target}" for plugin, target in entry_points.items()]
+    (dist_info / "entry_points.txt").write_text("[hfax]\n" + "\n".join(lines) + "\n")
+    for module, source in (modules or {}).items():
+        (directory / f"{module}.py").write_text(textwrap.dedent(source))
+    return dist_info
 
 
 def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0) -> Any:
