@@ -6,13 +6,13 @@ share is handed out as fixtures.
 
 from __future__ import annotations
 
-import sys
+import contextlib
 from typing import Callable, Iterator, Mapping
 
 import pytest
 
 from hfax.plugins import reset_plugins
-from hfax.testing import write_distribution
+from hfax.testing import installed_distribution
 
 SWITCHES = ("HFAX_DISABLE_PLUGINS", "HFAX_PLUGINS", "HFAX_BLOCK_PLUGINS", "HFAX_STRICT_PLUGINS")
 
@@ -56,21 +56,14 @@ def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def install(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+def install(tmp_path) -> Iterator[Callable[..., None]]:
     """``install(distribution, {plugin: module}, {module: source})`` makes a fake installed plugin visible."""
-    written: list[str] = []
+    with contextlib.ExitStack() as stack:
 
-    def install(distribution: str, entry_points: Mapping[str, str], modules: Mapping[str, str] | None = None) -> None:
-        # One sys.path entry per distribution: importlib.metadata caches a folder's listing by its mtime.
-        folder = tmp_path / distribution
-        write_distribution(folder, distribution, entry_points, modules)
-        monkeypatch.syspath_prepend(str(folder))
-        written.extend(modules or {})
-        reset_plugins()
+        def install(distribution: str, entry_points: Mapping[str, str], modules: Mapping[str, str] | None = None) -> None:
+            stack.enter_context(installed_distribution(tmp_path / distribution, distribution, entry_points, modules))
 
-    yield install
-    for module in written:
-        sys.modules.pop(module, None)
+        yield install
 
 
 @pytest.fixture

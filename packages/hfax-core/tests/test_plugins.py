@@ -10,6 +10,7 @@ import transformers
 import hfax
 from hfax import plugins
 from hfax.plugins import PluginLoadError, PluginLoadWarning
+from hfax.testing import installed_distribution
 
 
 def statuses(*names: str) -> dict[str, str]:
@@ -149,3 +150,10 @@ def test_register_and_unregister_in_code(monkeypatch):
     hfax.unregister("incode")
     assert statuses("incode") == {"incode": "absent"}
     assert hfax.detect_family(transformers.LlamaConfig()) == "generic"
+
+
+def test_installed_distribution_is_gone_after_its_block(tmp_path, family_plugin):
+    with installed_distribution(tmp_path / "d", "hfax-temp", {"temp": "temp_family"}, {"temp_family": family_plugin("temp")}):
+        assert statuses("temp") == {"temp": "loaded"}
+    assert statuses("temp") == {"temp": "absent"}
+    assert "temp_family" not in sys.modules

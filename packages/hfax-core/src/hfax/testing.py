@@ -1,9 +1,13 @@
 """Helpers for testing hfax plugins: fake installed distributions, tiny checkpoints and PyTorch references.
 
 ``write_distribution`` lays out what ``pip install`` would leave in ``site-packages``: a ``.dist-info``
-folder with ``entry_points.txt``, plus the plugin's modules. Put the folder on ``sys.path`` and call
-``hfax.plugins.reset_plugins()``; the next use of hfax finds the plugin through its entry point, as it
-would find an installed one.
+folder with ``entry_points.txt``, plus the plugin's modules. ``installed_distribution`` also puts it on
+``sys.path`` for the duration of a ``with`` block, so hfax finds the plugin through its entry point, as
+it would find an installed one::
+
+    plugin = {"hfax_myfamily": SOURCE}  # module name -> source
+    with installed_distribution(tmp_path / "d", "hfax-myfamily", {"myfamily": "hfax_myfamily"}, plugin):
+        assert hfax.detect_family(config) == "myfamily"
 
 Tiny models are built from transformers config classes with random weights, saved and loaded back through
 ``from_pretrained`` so the real loading code runs. Those helpers need torch (any backend brings it).
@@ -11,12 +15,17 @@ Tiny models are built from transformers config classes with random weights, save
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import re
+import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
+
+from hfax.plugins import reset_plugins
 
 
 def write_distribution(
@@ -40,6 +49,34 @@ def write_distribution(
     for module, source in (modules or {}).items():
         (directory / f"{module}.py").write_text(textwrap.dedent(source))
     return dist_info
+
+
+@contextlib.contextmanager
+def installed_distribution(
+    directory: str | Path,
+    name: str,
+    entry_points: Mapping[str, str],
+    modules: Mapping[str, str] | None = None,
+    version: str = "0.0.0",
+) -> Iterator[Path]:
+    """Write a distribution into the new folder ``directory`` and make it visible to hfax until the block ends.
+
+    Plugins are reloaded on the next use, inside the block and again after it. ``directory`` must be a
+    folder of its own: importlib.metadata caches a folder's listing by its modification time.
+    """
+    write_distribution(directory, name, entry_points, modules, version)
+    path = str(directory)
+    sys.path.insert(0, path)
+    importlib.invalidate_caches()
+    reset_plugins()
+    try:
+        yield Path(directory)
+    finally:
+        sys.path.remove(path)
+        for module in modules or {}:
+            sys.modules.pop(module, None)
+        importlib.invalidate_caches()
+        reset_plugins()
 
 
 def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0) -> Any:
