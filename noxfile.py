@@ -1,7 +1,7 @@
 """hfax's sessions: every package tested alone in a fresh venv, the wheels, the installs, the whole.
 
     python3 -m nox               # the CI set (nox.options.sessions below)
-    python3 -m nox -s core       # one session; `python -m nox -l` lists them all
+    python3 -m nox -s core       # one session; `python3 -m nox -l` lists them all
     python3 -m nox -s demo       # hfax on its embedded default model
     python3 -m nox -s core -- -k strict     # arguments after -- go to pytest (or to `hfax generate` in demo)
 
