@@ -19,12 +19,16 @@ class _Change:
     target: Any
     name: str
     original: Any
-    owned: bool  # the attribute lived on the instance itself (else it came from the class)
+    owned: bool  # restored by setting the original back (an instance attribute or a property), else deleted
     value: Any
 
 
 def _owned(target: Any, name: str) -> bool:
     if name in getattr(target, "__dict__", {}):
+        return True
+    # A property (e.g. a transformers config's ``_attn_implementation``) stores the value elsewhere: it is
+    # restored by setting the original back, not by deleting an instance attribute that never existed.
+    if hasattr(getattr(type(target), name, None), "__set__"):
         return True
     # torch.nn.Module keeps submodules, parameters and buffers in registries, not in __dict__.
     return any(name in (getattr(target, registry, None) or {}) for registry in ("_modules", "_parameters", "_buffers"))
