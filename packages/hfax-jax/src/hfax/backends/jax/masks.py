@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 def layer_windows(config: Any) -> dict[str, int | None]:
     """The sliding window of each attention layer type of ``config`` (``None`` = full attention)."""
+    config = config.get_text_config()  # a multimodal model's decoder keeps its windows in its text config
     window = getattr(config, "sliding_window", None)
     types = set(getattr(config, "layer_types", None) or ())
     if not types:
