@@ -1,0 +1,97 @@
+"""Attention computed by ``jax.nn.dot_product_attention``, registered with transformers as ``"hfax_jax"``.
+
+Why: transformers' default, ``"sdpa"``, hands masks to ``torch.nn.functional.scaled_dot_product_attention``
+as booleans, and torchax lowers a masked-out score to ``-inf``. A query that may see no key (every
+padding position of a left-padded batch) then gets a softmax of ``-inf`` only: NaN, which flows through
+the padding keys of the next layer into every real token of that row. PyTorch gives finite values there.
+Here masks are additive and finite (transformers' ``eager_mask``, or hfax's own in ``generate``), logits
+and softmax are float32, and grouped key/value heads are attended without repeating them.
+
+transformers picks a model's attention function by name (``config._attn_implementation``) from its
+``AttentionInterface`` registry. A family plugin switches the models it has tested to this one with
+:func:`switch`, on the model's own config through the :class:`~hfax.Patcher`; other models keep theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from hfax.backends.jax.runtime import torchax
+
+#: The name models are switched to (``config._attn_implementation``).
+NAME = "hfax_jax"
+
+
+def _attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, **options: Any) -> jax.Array:
+    """``query [B, N, T, H]`` and ``key``/``value`` ``[B, K, S, H]`` (transformers' layout) -> ``[B, T, N, H]``."""
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # jax's layout: [B, T, heads, H]
+    if mask is None:
+        return jax.nn.dot_product_attention(q, k, v, **options)
+    if mask.dtype == jnp.bool_:
+        mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+    return jax.nn.dot_product_attention(q, k, v, bias=mask.astype(jnp.float32), scale=options["scale"])
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract, computed in JAX on torchax tensors.
+
+    ``attention_mask`` is an additive (or boolean) ``[B, 1 or N, T, S]`` mask; without one, causality and
+    ``sliding_window`` are applied here, as ``sdpa`` would.
+    """
+    if dropout:
+        raise ValueError(f"hfax_jax attention runs inference only, got dropout={dropout}; call model.eval() first")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("hfax_jax attention has no logit soft-capping; keep this model on eager attention")
+    options: dict[str, Any] = {"scale": scaling if scaling is not None else query.shape[-1] ** -0.5}
+    if attention_mask is None:
+        causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and query.shape[2] > 1
+        options["is_causal"] = causal
+        if causal and sliding_window:
+            options["local_window_size"] = (sliding_window - 1, 0)  # transformers' window counts the query itself
+    output = torchax.interop.call_jax(lambda q, k, v, m: _attend(q, k, v, m, **options), query, key, value, attention_mask)
+    return output, None
+
+
+def register() -> None:
+    """Register ``"hfax_jax"`` with transformers' attention and mask registries (idempotent).
+
+    Its mask function is transformers' ``eager_mask``, which always materialises an additive mask, so a
+    forward outside hfax's ``generate`` still gets causal, sliding-window and padding masking.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, eager_mask)
+
+
+def switch(model: torch.nn.Module, patcher: Any) -> None:
+    """Attend through ``"hfax_jax"`` where ``model``'s decoder uses transformers' default, ``"sdpa"``.
+
+    An attention the user chose (``attn_implementation="eager"``) is kept. Only for models whose attention
+    modules follow the attention-function contract with nothing model-specific beside it (no soft-capping,
+    sinks or position biases): a family plugin vouches for that with a parity test. Recorded by
+    ``patcher``, undone by ``hfax.unpatch``.
+    """
+    config = model.config.get_text_config()  # the decoder's (Gemma 3's text_config in a multimodal model)
+    if config._attn_implementation != "sdpa":
+        return
+    register()
+    # Set beneath the `_attn_implementation` property, whose setter would also switch every sub-config
+    # (a vision tower's attention, which this does not vouch for).
+    patcher.setattr(config, "_attn_implementation_internal", NAME)

@@ -1,0 +1,75 @@
+"""The ``hfax_jax`` attention function against transformers' eager attention run by PyTorch on CPU."""
+
+from __future__ import annotations
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from hfax.backends.jax import attention
+from hfax.backends.jax.runtime import env, to_array, to_tensor
+
+BATCH, HEADS, KV_HEADS, LENGTH, DIM = 2, 4, 2, 6, 8
+MODULE = types.SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True, training=False)
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(BATCH, HEADS, LENGTH, DIM, generator=generator)
+    key, value = (torch.randn(BATCH, KV_HEADS, LENGTH, DIM, generator=generator) for _ in range(2))
+    return query, key, value
+
+
+def allowed(window: int | None = None, padding: int = 0) -> torch.Tensor:
+    """``[BATCH, 1, LENGTH, LENGTH]``: causal, optionally windowed; row 0 left-padded by ``padding``."""
+    q, k = torch.arange(LENGTH)[:, None], torch.arange(LENGTH)[None, :]
+    mask = (k <= q) & ((k > q - window) if window else True)
+    mask = mask.expand(BATCH, 1, LENGTH, LENGTH).clone()
+    mask[0, :, :, :padding] = False
+    return mask
+
+
+def additive(mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+
+
+def hfax_jax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, **kwargs) -> np.ndarray:
+    jax_inputs = [None if t is None else jnp.asarray(t.numpy()) for t in (query, key, value, mask)]
+    with env():
+        output, _ = attention.attention_forward(MODULE, *to_tensor(jax_inputs), scaling=DIM**-0.5, **kwargs)
+    return np.asarray(to_array(output))
+
+
+def eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    output, _ = eager_attention_forward(MODULE, query, key, value, additive(mask), scaling=DIM**-0.5)
+    return output.numpy()
+
+
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+def test_masks_with_grouped_heads_match_eager(kind):
+    mask = allowed(padding=2)
+    expected = eager(*inputs(), mask)
+    got = hfax_jax(*inputs(), additive(mask) if kind == "additive" else mask)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_a_query_that_sees_no_key_stays_finite():
+    """Left padding leaves padding queries with no key to see; torchax's sdpa lowering gives NaN there."""
+    mask = allowed(padding=3)
+    assert not mask[0, 0, 0].any()
+    assert np.isfinite(hfax_jax(*inputs(), mask)).all()
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_without_a_mask_causality_and_the_window_are_applied(window):
+    expected = eager(*inputs(), allowed(window))
+    np.testing.assert_allclose(hfax_jax(*inputs(), None, sliding_window=window), expected, atol=1e-5)
+
+
+def test_soft_capping_is_refused():
+    with pytest.raises(ValueError, match="soft-capping"):
+        hfax_jax(*inputs(), None, softcap=50.0)
