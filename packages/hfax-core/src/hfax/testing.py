@@ -119,3 +119,28 @@ def assert_same_continuation(expected: np.ndarray, actual: Any, pad_token_id: in
     width = expected.shape[1]
     np.testing.assert_array_equal(actual[:, :width], expected)
     assert (actual[:, width:] == pad_token_id).all(), f"tokens after transformers stopped are not padding: {actual[:, width:]}"
+
+
+def assert_same_greedy(model: Any, reference: Any, prompt: list[int], max_new_tokens: int) -> np.ndarray:
+    """hfax's greedy ``generate`` gives exactly transformers' tokens for ``prompt``, every one of the
+    ``max_new_tokens`` (EOS stops neither side). Returns them."""
+    ids = np.asarray([prompt], np.int64)
+    options = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    expected = reference_generate(reference, ids, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
+    return expected
+
+
+def assert_same_logits(model: Any, reference: Any, prompts: list[list[int]], atol: float = 1e-4) -> np.ndarray:
+    """A forward over ``prompts`` as one left-padded batch: logits finite everywhere, and within ``atol`` of
+    transformers' on PyTorch at every real (not padding) position. Returns hfax's logits."""
+    import torch
+
+    ids, mask = left_padded(prompts)
+    with torch.no_grad():
+        expected = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.float().numpy()
+    actual = np.asarray(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
+    assert np.isfinite(actual).all(), f"non-finite logits at (row, position) {np.argwhere(~np.isfinite(actual).all(-1)).tolist()}"
+    real = mask.astype(bool)
+    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch")
+    return actual
