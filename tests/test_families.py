@@ -1,0 +1,85 @@
+"""hfax's first-party families installed together: loaded from their distributions, claims that never
+collide, and patches that only apply on the transformers versions they were tested with."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+import hfax
+from hfax.auto import UntestedVersionWarning, check_family_version
+from hfax.plugins import families, plugin_infos, reset_plugins
+from hfax.testing import assert_same_logits, save_tiny
+
+FAMILIES = {"llama": "hfax-patches-llama", "gemma": "hfax-patches-gemma"}
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+CONFIGS = {"llama": lambda: transformers.LlamaConfig(**TINY), "gemma": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=16)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_loaded_from_its_distribution(family):
+    info = next(info for info in plugin_infos() if info.name == family)
+    assert (info.distribution, info.status, info.families) == (FAMILIES[family], "loaded", (family,))
+
+
+def test_every_claimed_model_type_goes_to_exactly_its_family():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    claimed = {model_type: name for name, spec in families().items() for model_type in spec.model_types}
+    assert set(claimed.values()) == set(FAMILIES)
+    for model_type, family in claimed.items():
+        assert hfax.detect_family(CONFIG_MAPPING[model_type]()) == family  # no PluginConflictError either
+    assert hfax.detect_family(transformers.GPT2Config()) == "generic"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_untested_transformers_versions_warn_and_strict_mode_raises(family, monkeypatch):
+    check_family_version(family)  # the installed transformers is a tested one: silent
+    monkeypatch.setattr(transformers, "__version__", "5.99.0")
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "0")
+    with pytest.warns(UntestedVersionWarning, match=rf"family '{family}' was tested with transformers>=5.23,<5.24"):
+        check_family_version(family)
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    with pytest.raises(RuntimeError, match=f"family '{family}'"):
+        check_family_version(family)
+
+
+def test_an_untested_version_stops_loading_before_any_weight_in_strict_mode(monkeypatch, tmp_path):
+    monkeypatch.setattr(transformers, "__version__", "5.99.0")
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match="family 'llama' was tested with"):
+        hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_attention_patch_is_what_keeps_padded_batches_finite(family, tmp_path, monkeypatch):
+    """The evidence for both families' JAX patch: blocked, transformers' default attention (sdpa) through
+    torchax turns the left-padded row to NaN; with it, logits match PyTorch."""
+    reference = save_tiny(CONFIGS[family](), tmp_path)
+    prompts = [[5, 17, 33], [5, 17, 33, 2, 99, 64, 7, 8]]
+    patched = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    assert (patched.family, patched.config._attn_implementation) == (family, "hfax_jax")
+    assert_same_logits(patched, reference, prompts)
+    monkeypatch.setenv("HFAX_BLOCK_PLUGINS", family)
+    reset_plugins()
+    generic = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    assert (generic.family, generic.config._attn_implementation) == ("generic", "sdpa")
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_same_logits(generic, reference, prompts)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_families_keep_transformers_sharding_plan(family):
+    """No family answers hfax_sharding_plan: transformers' tp_plan, hfax-core's default, already fits them."""
+    import torch
+
+    from hfax import _builtin
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]())
+    plan = hfax.get_plugin_manager().hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+    assert plan == _builtin.hfax_sharding_plan(model=model, config=model.config, family=family)
+    assert plan.spec_for("model.layers.0.self_attn.q_proj.weight", 2) == ("model", None)
+    assert plan.spec_for("model.layers.0.mlp.down_proj.weight", 2) == (None, "model")
+    assert plan.spec_for("model.embed_tokens.weight", 2) == ("model", None)  # the vocabulary, shared by lm_head
