@@ -1,7 +1,8 @@
 """Attention computed by ``jax.nn.dot_product_attention``, registered with transformers as ``"hfax_jax"``.
 
 Why: transformers' default, ``"sdpa"``, hands masks to ``torch.nn.functional.scaled_dot_product_attention``
-as booleans, and torchax lowers a masked-out score to ``-inf``. A query that may see no key (every
+as booleans, whose JAX lowering (torchax's, and hfax's own in ``lowerings.py``) sets a masked-out score
+to ``-inf``. A query that may see no key (every
 padding position of a left-padded batch) then gets a softmax of ``-inf`` only: NaN, which flows through
 the padding keys of the next layer into every real token of that row. PyTorch gives finite values there.
 Here masks are additive and finite (transformers' ``eager_mask``, or hfax's own in ``generate``), logits
