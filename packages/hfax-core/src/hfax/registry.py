@@ -117,6 +117,25 @@ class ShardingPlan:
         """The block size a split of ``name`` over ``model`` must respect (1: any even split)."""
         return next((unit for pattern, unit in self.units if re.search(pattern, name)), 1)
 
+    def spec_on(self, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]) -> Spec:
+        """Where weight ``name`` goes on a mesh of axis ``sizes`` (``{"model": 8}``): what backends place.
+
+        The plan's ``model`` split where the mesh has that axis and it divides the dimension into whole units
+        (heads, for attention projections), then, for matrices, ``fsdp`` over the largest remaining dimension
+        it divides; anything else is replicated (vectors too: gathering a norm's weight costs more than it saves).
+        """
+        spec: list[str | None] = []
+        unit = self.unit_for(name)
+        for axis, size in zip(self.spec_for(name, len(shape)), shape):
+            keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
+            spec.append(axis if keep else None)
+        fsdp = sizes.get("fsdp", 1)
+        if fsdp > 1 and len(shape) > 1:
+            free = [i for i, axis in enumerate(spec) if axis is None and shape[i] % fsdp == 0]
+            if free:
+                spec[max(free, key=lambda i: shape[i])] = "fsdp"
+        return tuple(spec)
+
     def describe(self, shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, Spec]]:
         """Pair every named shape with its layout, for printing a plan."""
         return [(name, self.spec_for(name, len(shape))) for name, shape in shapes.items()]

@@ -12,8 +12,8 @@ import torch
 from jax.sharding import Mesh
 
 from hfax.backends.jax.mesh import partition
-from hfax.backends.jax.weights import distinct_tensors
 from hfax.registry import Layout, Placement, ShardingPlan
+from hfax.tensors import distinct_tensors
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
