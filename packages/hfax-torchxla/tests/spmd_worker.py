@@ -27,6 +27,9 @@ def main(directory: str, mesh: str) -> None:
         "k_proj": specs["model.layers.0.self_attn.k_proj.weight"],
         "down_proj": specs["model.layers.0.mlp.down_proj.weight"],
         "devices": len(hfax.get_backend("torch_xla").devices()),
+        "report_q_proj": dict((p.name, p.spec) for p in model.sharding_report().placements)[
+            "model.layers.0.self_attn.q_proj.weight"
+        ],
     }))  # fmt: skip
 
 

@@ -30,5 +30,22 @@ def test_a_sharded_model_gives_the_tokens_of_one_device(tmp_path, mesh):
     # heads do not split four ways, so on model=4 k_proj stays whole.
     assert result["q_proj"].startswith("{devices=["), result
     assert result["down_proj"].startswith("{devices=["), result
+    assert result["report_q_proj"] == ["model", None], result
     if mesh == "model=4":
         assert result["k_proj"] in ("", "{replicated}"), result
+
+
+def test_plan_says_where_weights_go_without_starting_the_runtime(tiny, monkeypatch):
+    import hfax
+
+    directory, _, model = tiny("llama")
+    layout = hfax.AutoModelForTPU.plan(str(directory), backend="torch_xla", mesh={"model": 4})
+    specs = {placement.name: placement.spec for placement in layout.placements}
+    assert specs["model.layers.0.self_attn.q_proj.weight"] == ("model", None)
+    assert specs["model.layers.0.mlp.down_proj.weight"] == (None, "model")
+    assert specs["model.layers.0.self_attn.k_proj.weight"] == (None, None)  # 2 key/value heads, 4 devices
+    assert layout.bytes_per_device < layout.bytes
+    assert model.sharding_report().bytes == layout.bytes  # one device: everything whole
+    monkeypatch.setenv("HFAX_DEVICE_MEMORY", "100KB")
+    with pytest.raises(hfax.DeviceMemoryError, match="HFAX_DEVICE_MEMORY"):
+        hfax.AutoModelForTPU.from_pretrained(str(directory), backend="torch_xla")

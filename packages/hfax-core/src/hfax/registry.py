@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -143,6 +144,30 @@ class ShardingPlan:
 
 class DeviceMemoryError(MemoryError):
     """A model's weights, placed by its sharding plan, would not fit a device."""
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``"16GB"``, ``"512MiB"``, ``"1e9"`` as bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"expected a size such as 16GB, 512MiB or 1e9, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def configured_device_memory() -> tuple[int | None, str]:
+    """``HFAX_DEVICE_MEMORY`` (e.g. ``16GB``) as bytes and its source, or ``(None, "")`` when unset.
+
+    Set, it wins over what a backend reads off its devices (CPU devices report nothing)."""
+    configured = os.environ.get("HFAX_DEVICE_MEMORY")
+    if not configured:
+        return None, ""
+    try:
+        return parse_size(configured), "HFAX_DEVICE_MEMORY"
+    except ValueError as error:
+        raise ValueError(f"HFAX_DEVICE_MEMORY: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)

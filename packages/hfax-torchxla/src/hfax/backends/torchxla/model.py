@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch_xla
 
-from hfax.backends.torchxla import generation, runtime
+from hfax.backends.torchxla import generation, runtime, sharding
 
 
 class TorchXlaModel:
@@ -60,6 +60,11 @@ class TorchXlaModel:
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.params.values())
+
+    def sharding_report(self) -> Any:
+        """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape, dtype,
+        spec, bytes per device) and whose ``bytes_per_device`` is the total a device holds."""
+        return sharding.plan_layout(self.module, self.plan, self.mesh)
 
     def program(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` compiled once per model through the compile-step hook."""

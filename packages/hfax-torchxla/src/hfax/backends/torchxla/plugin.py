@@ -18,6 +18,16 @@ def hfax_backends() -> list[BackendSpec]:
 
 
 @hookimpl
+def hfax_plan_layout(model: Any, plan: Any, mesh: Any, backend: str) -> Any:
+    """What ``hfax_shard_weights`` will put on each device, from shapes alone."""
+    if backend != NAME:
+        return None
+    from hfax.backends.torchxla.sharding import plan_layout
+
+    return plan_layout(model, plan, mesh)
+
+
+@hookimpl
 def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[str, Any] | None:
     """Move the module to the XLA device (tied weights stay one tensor) and, on a mesh, mark each weight's
     sharding from ``plan``; returns the distinct tensors by ``state_dict`` name."""

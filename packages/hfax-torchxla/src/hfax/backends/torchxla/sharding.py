@@ -14,9 +14,9 @@ import torch
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 
+from hfax import tensors
 from hfax.backends.torchxla import runtime
-from hfax.registry import MESH_AXES, ShardingPlan
-from hfax.tensors import tensor_slots
+from hfax.registry import MESH_AXES, Layout, ShardingPlan, configured_device_memory
 
 
 def make_mesh(**axis_sizes: int) -> xs.Mesh:
@@ -67,21 +67,31 @@ def move_weights(model: torch.nn.Module, plan: ShardingPlan, mesh: Any) -> dict[
     mesh = as_mesh(mesh)
     device = runtime.device()
     moved: dict[int, torch.Tensor] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for full_name, registry, name, tensor in tensor_slots(model):
+    placed_by_name: dict[str, torch.Tensor] = {}
+    for full_name, registry, name, tensor in tensors.tensor_slots(model):
         if id(tensor) not in moved:
             placed = tensor.detach().to(device)
             if isinstance(tensor, torch.nn.Parameter):
                 placed = torch.nn.Parameter(placed, requires_grad=False)
-            moved[id(tensor)] = tensors[full_name] = placed
+            moved[id(tensor)] = placed_by_name[full_name] = placed
         registry[name] = moved[id(tensor)]
     if mesh is not None:
         sizes = axis_sizes(mesh)
-        for name, tensor in tensors.items():
+        for name, tensor in placed_by_name.items():
             spec = plan.spec_on(name, tuple(tensor.shape), sizes)
             if any(axis is not None for axis in spec):
                 xs.mark_sharding(tensor, mesh, spec)
-    return tensors
+    return placed_by_name
+
+
+def plan_layout(model: torch.nn.Module, plan: ShardingPlan, mesh: Any) -> Layout:
+    """What :func:`move_weights` will put on each device, from shapes alone (``model`` may be on ``meta``).
+
+    ``mesh`` may be a mapping of axis sizes. The device memory is ``HFAX_DEVICE_MEMORY`` only: asking
+    PyTorch/XLA for it would start the runtime, before SPMD could still be chosen.
+    """
+    sizes = {} if mesh is None else axis_sizes(mesh) if isinstance(mesh, xs.Mesh) else dict(mesh)
+    return tensors.plan_layout(model, plan, sizes, *configured_device_memory())
 
 
 def spec_of(tensor: torch.Tensor) -> str:
