@@ -68,6 +68,14 @@ def test_left_padded_batch_matches_each_prompt_alone(tiny, name):
         np.testing.assert_array_equal(out[row, ids.shape[1] :], alone[0, len(prompt) :])
 
 
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_sliding_windows_shorter_than_the_prompt_decode_like_transformers(tiny, name):
+    _, ref, model = tiny(name)
+    ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 44, 101, 17], PROMPTS[1]])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=20)
+    assert_same_continuation(reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0)
+
+
 def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
     _, ref, model = tiny("llama")
     ids = np.array([PROMPTS[0]])

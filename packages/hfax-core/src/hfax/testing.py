@@ -85,7 +85,8 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
-    ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"gpt2"``, ``"bert"``."""
+    ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
+    ``"gemma2"`` (sliding and full layers), ``"gpt2"``, ``"bert"``."""
     import transformers
 
     if name == "llama":
@@ -98,6 +99,16 @@ def tiny_config(name: str) -> Any:
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
             head_dim=16, vocab_size=128, max_position_embeddings=256, **TINY_SPECIAL,
         )  # fmt: skip
+    if name == "mistral":  # a sliding window shorter than the prompts the tests use
+        return transformers.MistralConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
+        )  # fmt: skip
+    if name == "gemma2":  # hybrid: sliding and full attention layers alternate
+        return transformers.Gemma2Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
+        )  # fmt: skip
     if name == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL)
     if name == "bert":
@@ -105,7 +116,7 @@ def tiny_config(name: str) -> Any:
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
             max_position_embeddings=128, num_labels=3,
         )  # fmt: skip
-    raise ValueError(f"no tiny config called {name!r}; there are llama, gemma, gpt2 and bert")
+    raise ValueError(f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gpt2 and bert")
 
 
 def as_numpy(value: Any) -> np.ndarray:
