@@ -56,3 +56,18 @@ def test_a_foreign_mesh_is_refused_with_the_way_out(tiny):
 
     with pytest.raises(TypeError, match="mapping of axis sizes"):
         as_mesh(object())
+
+
+def test_a_forward_is_one_program_per_shape_without_host_syncs(tiny):
+    from hfax.backends.torchxla import runtime
+
+    _, _, model = tiny("gpt2")  # transformers' mask code would call padding_mask.all() on a lazy tensor
+    mask = np.ones_like(IDS)
+    mask[1, :2] = 0
+    before = runtime.counters()
+    model(input_ids=IDS[:, :5], attention_mask=mask[:, :5]).logits.cpu()
+    first = runtime.counters() - before
+    assert first.compiles == 1 and first.fallbacks == {}, first
+    before = runtime.counters()
+    model(input_ids=IDS[:, 2:7], attention_mask=np.ones_like(mask[:, :5])).logits.cpu()
+    assert runtime.counters() - before == runtime.Counters(0, 0.0, {})

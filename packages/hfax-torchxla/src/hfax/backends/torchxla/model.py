@@ -7,7 +7,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch_xla
 
 from hfax.backends.torchxla import generation, runtime, sharding
 
@@ -15,8 +14,9 @@ from hfax.backends.torchxla import generation, runtime, sharding
 class TorchXlaModel:
     """A transformers model whose weights live on an XLA device, with the JAX backend's surface.
 
-    * ``model(**inputs)`` runs the forward as one lazy-tensor graph (compiled once per input shape and set of
-      flags, then a cache hit) and returns the transformers output type with tensors on the XLA device.
+    * ``model(**inputs)`` runs the forward compiled through the compile-step hook (once per input shape and set
+      of Python flags) and returns the transformers output type with tensors on the XLA device. Compiled,
+      transformers' mask code sees a traced tensor and skips its host syncs (``padding_mask.all()``).
     * ``model.params`` holds the weights by ``state_dict`` name (tied weights once).
     * ``model.generate(...)`` decodes with a static KV cache and one compiled decode program per shape bucket
       (see :mod:`hfax.backends.torchxla.generation`); ``model.last_generate_stats`` says what it cost.
@@ -82,13 +82,15 @@ class TorchXlaModel:
         device = runtime.device()
         inputs = {name: _to_device(value, device) for name, value in inputs.items()}
         with torch.no_grad():
-            output = self.module(**inputs)
-        torch_xla.sync()  # the step boundary: the forward is one graph, running while Python goes on
-        return output
+            return self.program("forward", _forward)(self.module, inputs)
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> torch.Tensor:
         """Generate on device with transformers' semantics; see :func:`hfax.backends.torchxla.generation.generate`."""
         return generation.generate(self, input_ids, attention_mask, **options)
+
+
+def _forward(module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
+    return module(**inputs)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

@@ -49,4 +49,6 @@ def hfax_compile_step(
         return None
     import torch
 
-    return torch.compile(fn, backend="openxla", fullgraph=True, dynamic=False)
+    # The decode step must be one graph; a forward may break where a model does something dynamo cannot
+    # trace (the pieces still run on XLA).
+    return torch.compile(fn, backend="openxla", fullgraph=name != "forward", dynamic=False)
