@@ -143,6 +143,7 @@ def test_streamer_gets_the_tokens_as_they_come(tiny):
         (dict(top_k=-2), ValueError, "top_k"),
         (dict(max_new_tokens=300), ValueError, "max_position_embeddings"),
         (dict(streamer=object()), TypeError, "streamer"),
+        (dict(num_beams=2), TypeError, "unexpected keyword argument"),
     ],
 )
 def test_bad_settings_are_rejected(tiny, kwargs, error, words):

@@ -80,10 +80,14 @@ def _eos_list(eos: Any) -> list[int]:
 def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Fill defaults from the model's generation config and reject bad input before anything compiles.
 
-    ``model`` has ``generation_config``, ``config`` and ``module`` (the transformers model). Returns the ids,
+    ``settings`` are generate's keyword arguments other than ``streamer`` (``None``: unset); an unknown one is
+    a ``TypeError``. ``model`` has ``generation_config``, ``config`` and ``module`` (the transformers model). Returns the ids,
     a boolean mask (inferred from the pad token when not given, as transformers does) and every setting of
     ``generate`` filled in; ``eos_token_id`` becomes a list.
     """
+    unknown = sorted(set(settings) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes {sorted(_DEFAULTS)} and streamer")
     config = model.generation_config
     s = {key: settings.get(key) for key in _DEFAULTS}
     for key, default in _DEFAULTS.items():

@@ -189,34 +189,16 @@ def _options(s: dict[str, Any], device: Any) -> dict[str, Any]:
     return {name: value.to(device) for name, value in host.items()}
 
 
-def generate(
-    model: Any,
-    input_ids: Any,
-    attention_mask: Any = None,
-    *,
-    max_new_tokens: int | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | list[int] | None = None,
-    pad_token_id: int | None = None,
-    min_new_tokens: int | None = None,
-    seed: int | None = None,
-    streamer: Any = None,
-) -> torch.Tensor:
+def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer: Any = None, **settings: Any) -> torch.Tensor:
     """Continue ``input_ids`` (``[batch, length]``, left-padded when lengths differ) on the XLA device.
 
-    Returns the prompt followed by ``max_new_tokens`` new tokens, ``[batch, length + max_new_tokens]`` int64
-    on the XLA device; a row that produced EOS continues with ``pad_token_id``. Arguments, defaults and errors
-    are those of the JAX backend (:func:`hfax.generation.resolve`). Greedy unless ``do_sample``; sampling is
-    reproducible for a given ``seed``. A ``streamer`` (``put``/``end``) receives CPU tensors in chunks of
-    ``STREAM_CHUNK`` tokens.
+    Takes the JAX backend's arguments (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``,
+    ``top_p``, ``eos_token_id``, ``pad_token_id``, ``min_new_tokens``, ``seed``), with its defaults and errors
+    (:func:`hfax.generation.resolve`). Returns the prompt followed by ``max_new_tokens`` new tokens, ``[batch,
+    length + max_new_tokens]`` int64 on the XLA device; a row that produced EOS continues with
+    ``pad_token_id``. Greedy unless ``do_sample``; sampling is reproducible for a given ``seed``. A
+    ``streamer`` (``put``/``end``) receives CPU tensors in chunks of ``STREAM_CHUNK`` tokens.
     """
-    settings = dict(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, seed=seed,
-    )  # fmt: skip
     ids, mask, s = resolve(model, input_ids, attention_mask, settings)
     check_streamer(streamer)
     device = runtime.device()
