@@ -30,6 +30,8 @@ nox.options.error_on_external_run = True
 ROOT = Path(__file__).resolve().parent
 PACKAGES = ROOT / "packages"
 CONSTRAINTS = ROOT / "constraints.txt"
+#: The PyTorch/XLA backend's environment, every version pinned (torch_xla pins torch 2.9, not 2.13): see its header.
+CONSTRAINTS_TORCHXLA = ROOT / "constraints-torchxla.txt"
 DIST = ROOT / "dist"
 
 #: Test sessions: strict plugin loading (a plugin that fails to load fails the run) and 8 CPU devices for JAX.
@@ -78,9 +80,13 @@ def test_package(session: nox.Session, package: str, constraints: Path = CONSTRA
     if not list((directory / "tests").glob("test_*.py")):
         session.error(f"{directory}/tests has no test_*.py: every package has tests")
     session.install("-c", str(constraints), f"{directory}[test]", *map(str, sibling_dirs(package)))
-    # Only the tests folder, imported without touching sys.path: src/hfax/backends/jax must never shadow
-    # the real jax. No test collected is pytest's exit code 5, which fails the session like any other.
-    session.run("pytest", "--import-mode=importlib", str(directory / "tests"), *session.posargs, env=TEST_ENV)
+    run_tests(session, directory / "tests")
+
+
+def run_tests(session: nox.Session, *paths: Path, env: dict[str, str] = TEST_ENV) -> None:
+    # Only test folders, imported without touching sys.path: src/hfax/backends/jax must never shadow the
+    # real jax. No test collected is pytest's exit code 5, which fails the session like any other.
+    session.run("pytest", "--import-mode=importlib", *map(str, paths), *session.posargs, env=env)
 
 
 @nox.session
@@ -107,7 +113,42 @@ def gemma(session: nox.Session) -> None:
     test_package(session, "hfax-patches-gemma")
 
 
-# hfax-torchxla: its session goes here, with constraints of its own (torch_xla pins torch 2.9, not 2.13).
+#: Run in a --no-deps install: every requirement the named distributions declare (with their `test` extra)
+#: is installed at a version it accepts. pip check would also name what constraints-torchxla.txt leaves out.
+DECLARED_CHECK = """
+import sys
+from importlib.metadata import PackageNotFoundError, requires, version
+from packaging.requirements import Requirement
+
+problems = []
+for distribution in sys.argv[1:]:
+    for line in requires(distribution) or []:
+        requirement = Requirement(line)
+        if requirement.marker and not requirement.marker.evaluate({"extra": "test"}):
+            continue
+        try:
+            installed = version(requirement.name)
+        except PackageNotFoundError:
+            problems.append(f"{distribution} needs {requirement}: not installed")
+            continue
+        if not requirement.specifier.contains(installed, prereleases=True):
+            problems.append(f"{distribution} needs {requirement}: {installed} is installed")
+if problems:
+    sys.exit("constraints-torchxla.txt does not give what the packages declare:\\n  " + "\\n  ".join(problems))
+"""
+
+
+@nox.session
+def torchxla(session: nox.Session) -> None:
+    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py on it."""
+    directory = PACKAGES / "hfax-torchxla"
+    siblings = sibling_dirs("hfax-torchxla")
+    # PyPI's torch 2.9.0 is the CUDA build: resolving it pulls 4 NVIDIA/triton wheels that CPU never loads
+    # (about 1 GB). So the pinned environment goes in unresolved, and DECLARED_CHECK does pip's part.
+    session.install("--no-deps", "-r", str(CONSTRAINTS_TORCHXLA))
+    session.install("--no-deps", str(directory), *map(str, siblings))
+    session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
+    run_tests(session, directory / "tests", ROOT / "tests" / "test_parity.py", env={**TEST_ENV, "PJRT_DEVICE": "CPU"})
 
 
 def wheel_contents(wheel: Path) -> tuple[str, list[str], dict[str, str]]:

@@ -3,7 +3,6 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import torch
 
 import hfax
@@ -16,17 +15,11 @@ def reference(model, **inputs):
         return model(**{k: torch.as_tensor(v) for k, v in inputs.items()})
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
-def test_causal_lm_logits_match_pytorch(tiny, name):
-    _, ref, model = tiny(name)
-    out = model(input_ids=IDS)
-    assert isinstance(out.logits, jax.Array)
-    np.testing.assert_allclose(np.asarray(out.logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0)
-
-
 def test_inputs_may_be_numpy_jax_or_torch(tiny):
     _, _, model = tiny("llama")
-    want = np.asarray(model(input_ids=IDS).logits)
+    out = model(input_ids=IDS)
+    assert isinstance(out.logits, jax.Array)
+    want = np.asarray(out.logits)
     for ids in (jnp.asarray(IDS), torch.as_tensor(IDS)):
         np.testing.assert_array_equal(np.asarray(model(input_ids=ids).logits), want)
 
@@ -38,13 +31,6 @@ def test_encoder_hidden_states_match_pytorch(tiny):
     out = model(input_ids=IDS, attention_mask=mask)
     want = reference(ref, input_ids=IDS, attention_mask=mask).last_hidden_state.numpy()
     np.testing.assert_allclose(np.asarray(out.last_hidden_state), want, atol=1e-4, rtol=0)
-
-
-def test_sequence_classification_matches_pytorch(tiny):
-    _, ref, model = tiny("bert", "AutoModelForSequenceClassification")
-    np.testing.assert_allclose(
-        np.asarray(model(input_ids=IDS).logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
-    )
 
 
 def test_apply_is_pure_and_jittable(tiny):

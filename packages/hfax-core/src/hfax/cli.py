@@ -57,10 +57,12 @@ def _parse_sizes(mesh: str | None) -> dict[str, int]:
     return sizes
 
 
-def _parse_mesh(mesh: str | None) -> Any:
+def _parse_mesh(mesh: str | None, backend: str) -> Any:
     sizes = _parse_sizes(mesh)
     if not sizes:
         return None
+    if backend != "jax":  # torch_xla takes the axis sizes and builds its SPMD mesh when it starts its runtime
+        return sizes
     from hfax import make_mesh
 
     return make_mesh(**sizes)
@@ -75,7 +77,7 @@ def _load(model: str | None, backend: str, mesh: str | None, dtype: str | None) 
     path = model or default_model()
     kwargs = {"dtype": dtype} if dtype else {}
     started = time.perf_counter()
-    loaded = AutoModelForCausalLM.from_pretrained(path, backend=backend, mesh=_parse_mesh(mesh), **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(path, backend=backend, mesh=_parse_mesh(mesh, backend), **kwargs)
     typer.echo(f"[loaded {path} on {backend} in {time.perf_counter() - started:.1f} s]", err=True)
     return AutoTokenizer.from_pretrained(path), loaded
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -117,6 +118,25 @@ class ShardingPlan:
         """The block size a split of ``name`` over ``model`` must respect (1: any even split)."""
         return next((unit for pattern, unit in self.units if re.search(pattern, name)), 1)
 
+    def spec_on(self, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]) -> Spec:
+        """Where weight ``name`` goes on a mesh of axis ``sizes`` (``{"model": 8}``): what backends place.
+
+        The plan's ``model`` split where the mesh has that axis and it divides the dimension into whole units
+        (heads, for attention projections), then, for matrices, ``fsdp`` over the largest remaining dimension
+        it divides; anything else is replicated (vectors too: gathering a norm's weight costs more than it saves).
+        """
+        spec: list[str | None] = []
+        unit = self.unit_for(name)
+        for axis, size in zip(self.spec_for(name, len(shape)), shape):
+            keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
+            spec.append(axis if keep else None)
+        fsdp = sizes.get("fsdp", 1)
+        if fsdp > 1 and len(shape) > 1:
+            free = [i for i, axis in enumerate(spec) if axis is None and shape[i] % fsdp == 0]
+            if free:
+                spec[max(free, key=lambda i: shape[i])] = "fsdp"
+        return tuple(spec)
+
     def describe(self, shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, Spec]]:
         """Pair every named shape with its layout, for printing a plan."""
         return [(name, self.spec_for(name, len(shape))) for name, shape in shapes.items()]
@@ -124,6 +144,30 @@ class ShardingPlan:
 
 class DeviceMemoryError(MemoryError):
     """A model's weights, placed by its sharding plan, would not fit a device."""
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``"16GB"``, ``"512MiB"``, ``"1e9"`` as bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"expected a size such as 16GB, 512MiB or 1e9, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def configured_device_memory() -> tuple[int | None, str]:
+    """``HFAX_DEVICE_MEMORY`` (e.g. ``16GB``) as bytes and its source, or ``(None, "")`` when unset.
+
+    Set, it wins over what a backend reads off its devices (CPU devices report nothing)."""
+    configured = os.environ.get("HFAX_DEVICE_MEMORY")
+    if not configured:
+        return None, ""
+    try:
+        return parse_size(configured), "HFAX_DEVICE_MEMORY"
+    except ValueError as error:
+        raise ValueError(f"HFAX_DEVICE_MEMORY: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -79,6 +79,53 @@ def installed_distribution(
         reset_plugins()
 
 
+#: Special token ids of the tiny configs: padding 0, BOS 1, EOS 2.
+TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def tiny_config(name: str) -> Any:
+    """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
+    ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
+    ``"gemma2"`` (sliding and full layers), ``"gpt2"``, ``"bert"``."""
+    import transformers
+
+    if name == "llama":
+        return transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=256, **TINY_SPECIAL,
+        )  # fmt: skip
+    if name == "gemma":
+        return transformers.GemmaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+            head_dim=16, vocab_size=128, max_position_embeddings=256, **TINY_SPECIAL,
+        )  # fmt: skip
+    if name == "mistral":  # a sliding window shorter than the prompts the tests use
+        return transformers.MistralConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
+        )  # fmt: skip
+    if name == "gemma2":  # hybrid: sliding and full attention layers alternate
+        return transformers.Gemma2Config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
+        )  # fmt: skip
+    if name == "gpt2":
+        return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL)
+    if name == "bert":
+        return transformers.BertConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
+            max_position_embeddings=128, num_labels=3,
+        )  # fmt: skip
+    raise ValueError(f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gpt2 and bert")
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A backend's result (a JAX array, a torch tensor on any device, numpy) as a numpy array."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
 def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0) -> Any:
     """Build ``auto_class`` from ``config`` with seeded random weights, save it to ``directory`` and return the
     reference model loaded back from there (float32, eval mode)."""
@@ -89,6 +136,25 @@ def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelFo
     torch.manual_seed(seed)
     cls.from_config(config).save_pretrained(directory)
     return cls.from_pretrained(directory).eval()
+
+
+def tiny_models(make_dir: Callable[[str], Any], backend: str) -> Callable[..., tuple[Path, Any, Any]]:
+    """``build(name, auto_class="AutoModelForCausalLM")`` -> ``(checkpoint dir, PyTorch reference, hfax model on
+    backend)`` for the tiny config ``name``, each built once. ``make_dir(basename)`` makes a fresh folder
+    (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture."""
+    import hfax
+
+    built: dict[tuple[str, str], tuple[Path, Any, Any]] = {}
+
+    def build(name: str, auto_class: str = "AutoModelForCausalLM") -> tuple[Path, Any, Any]:
+        if (name, auto_class) not in built:
+            directory = Path(make_dir(f"{name}-{auto_class}"))
+            reference = save_tiny(tiny_config(name), directory, auto_class)
+            model = getattr(hfax, auto_class).from_pretrained(str(directory), backend=backend)
+            built[name, auto_class] = directory, reference, model
+        return built[name, auto_class]
+
+    return build
 
 
 def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +181,7 @@ def reference_generate(model: Any, input_ids: np.ndarray, attention_mask: np.nda
 def assert_same_continuation(expected: np.ndarray, actual: Any, pad_token_id: int) -> None:
     """hfax returns ``prompt + max_new_tokens`` columns, padded after EOS; transformers stops once every row
     finished. The common columns must match exactly and hfax's extra columns must be padding."""
-    actual = np.asarray(actual)
+    actual = as_numpy(actual)
     width = expected.shape[1]
     np.testing.assert_array_equal(actual[:, :width], expected)
     assert (actual[:, width:] == pad_token_id).all(), f"tokens after transformers stopped are not padding: {actual[:, width:]}"

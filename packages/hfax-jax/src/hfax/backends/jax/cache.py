@@ -4,7 +4,7 @@ transformers' ``StaticCache`` keeps Python ints beside its tensors (``StaticSlid
 ``cumulative_length_int``) and derives masks and positions from them: traced, they either recompile the
 step at every token or, frozen, give wrong tokens. Here every layer is a ``[batch, kv_heads, length,
 head_dim]`` buffer written at a traced slot with ``dynamic_update_slice``; which slots a query may see
-(causal, padding, sliding window) is decided by the attention mask hfax builds (``masks.py``), and
+(causal, padding, sliding window) is decided by the attention mask hfax builds (``hfax.masks``), and
 positions are passed explicitly. A sliding layer keeps the full length: exact for any prompt and
 generation length, at the cost of the memory a ring buffer would save.
 """

@@ -23,20 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.backends.jax import masks, mesh, monitor
+from hfax import masks
+from hfax.backends.jax import mesh, monitor
 from hfax.backends.jax.cache import SlotCache
 from hfax.backends.jax.runtime import env, to_array, to_tensor
-
-MIN_LENGTH_BUCKET = 16
-STREAM_CHUNK = 8
-
-
-def bucket(n: int, minimum: int) -> int:
-    """The smallest power-of-two multiple of ``minimum`` that holds ``n``."""
-    size = minimum
-    while size < n:
-        size *= 2
-    return size
+from hfax.generation import MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, pad_prompts, resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,28 +41,12 @@ class Static:
     logits_to_keep: bool
 
 
-@dataclasses.dataclass
-class GenerateStats:
-    """What the last ``generate`` call did: tokens, wall time, and the compilation inside it."""
-
-    new_tokens: int
-    seconds: float
-    compile_seconds: float
-    compiles: int
-
-    @property
-    def tokens_per_second(self) -> float:
-        """New tokens per second of running (compile and trace time excluded)."""
-        running = self.seconds - self.compile_seconds
-        return self.new_tokens / running if running > 0 else float("nan")
-
-
 def _step(model: Any, static: Static, params: Any, buffers: Any, ids: Any, positions: Any, valid: Any, slots: Any) -> Any:
     """One forward over ``ids`` written at ``slots`` of a cache of ``valid.shape[1]`` slots."""
-    mask = masks.build(dict(static.windows), valid, slots, model.dtype)
-    tparams, tids, tpositions, tmask, tslot, tbuffers = to_tensor((params, ids, positions, mask, slots[0], buffers))
+    tparams, tids, tpositions, tvalid, tslots, tbuffers = to_tensor((params, ids, positions, valid, slots, buffers))
     with env():
-        cache = SlotCache(valid.shape[1], tslot, tbuffers)
+        tmask = masks.build(dict(static.windows), tvalid, tslots, model.module.dtype)
+        cache = SlotCache(valid.shape[1], tslots[0], tbuffers)
         kwargs: dict[str, Any] = dict(input_ids=tids, attention_mask=tmask, past_key_values=cache, use_cache=True)
         if static.pass_positions:
             kwargs["position_ids"] = tpositions
@@ -151,90 +126,6 @@ def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, limit: An
     return state["tokens"], state["step"]
 
 
-def _as_ids(name: str, value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
-    if array.ndim == 1:
-        array = array[None]
-    if array.ndim != 2:
-        raise ValueError(f"{name} must have shape (batch, length), got {array.shape}")
-    if array.size and not np.issubdtype(array.dtype, np.integer) and not np.issubdtype(array.dtype, np.bool_):
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer")
-    return array.astype(np.int64)
-
-
-def _eos_list(eos: Any) -> list[int]:
-    if eos is None:
-        return []
-    if isinstance(eos, (list, tuple, np.ndarray)):
-        return [int(e) for e in eos]
-    return [int(eos)]
-
-
-def _resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Fill defaults from the model's generation config and reject bad input before anything compiles."""
-    config = model.generation_config
-    defaults = {
-        "do_sample": False,
-        "temperature": 1.0,
-        "top_k": 50,
-        "top_p": 1.0,
-        "min_new_tokens": 0,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "max_new_tokens": None,
-        "seed": 0,
-    }
-    s = {key: settings.get(key) for key in defaults}
-    for key, default in defaults.items():
-        if s[key] is None:
-            s[key] = getattr(config, key, None) if key != "seed" else None
-        if s[key] is None:
-            s[key] = default
-    ids = _as_ids("input_ids", input_ids)
-    if s["max_new_tokens"] is None:
-        s["max_new_tokens"] = max(int(getattr(config, "max_length", None) or 20) - ids.shape[1], 0)
-    max_new = s["max_new_tokens"]
-    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new!r}")
-    if s["do_sample"] and not s["temperature"] > 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {s['temperature']!r}; use do_sample=False for greedy")
-    if not 0 < s["top_p"] <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {s['top_p']!r}")
-    if isinstance(s["top_k"], bool) or not isinstance(s["top_k"], (int, np.integer)) or s["top_k"] < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {s['top_k']!r}")
-    if s["min_new_tokens"] < 0:
-        raise ValueError(f"min_new_tokens must be >= 0, got {s['min_new_tokens']!r}")
-    vocab = model.module.get_input_embeddings().num_embeddings
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        bad = ids[(ids < 0) | (ids >= vocab)][0]
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches the model")
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions and ids.shape[1] + max_new > max_positions:
-        raise ValueError(
-            f"prompt ({ids.shape[1]} tokens) plus max_new_tokens ({max_new}) exceeds the model's "
-            f"max_position_embeddings ({max_positions}); shorten the prompt or ask for fewer tokens"
-        )
-    eos = _eos_list(s["eos_token_id"])
-    if s["pad_token_id"] is None or s["pad_token_id"] == []:
-        s["pad_token_id"] = eos[0] if eos else 0
-    s["eos_token_id"] = eos
-    if attention_mask is None:
-        # transformers infers padding from the pad token when it cannot be mistaken for EOS.
-        pad = s["pad_token_id"]
-        infer = pad is not None and pad not in eos and (ids == pad).any()
-        mask = (ids != pad) if infer else np.ones_like(ids, dtype=bool)
-    else:
-        mask = _as_ids("attention_mask", attention_mask)
-        if mask.shape != ids.shape:
-            raise ValueError(f"attention_mask has shape {mask.shape} but input_ids has {ids.shape}")
-        if not np.isin(mask, (0, 1)).all():
-            raise ValueError("attention_mask must hold only 0 and 1")
-        mask = mask.astype(bool)
-    return ids, mask, s
-
-
 def generate(
     model: Any,
     input_ids: Any,
@@ -263,9 +154,8 @@ def generate(
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, seed=seed,
     )  # fmt: skip
-    ids, mask, s = _resolve(model, input_ids, attention_mask, settings)
-    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-        raise TypeError("streamer must have put() and end() methods, like transformers.TextStreamer")
+    ids, mask, s = resolve(model, input_ids, attention_mask, settings)
+    check_streamer(streamer)
     batch = ids.shape[0]
     max_new = int(s["max_new_tokens"])
     started, before = time.perf_counter(), monitor.snapshot()
@@ -297,19 +187,13 @@ def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any])
     Prompts are left-padded into their bucket, with rows enough for every batch axis of the mesh, and split
     over those axes; the settings are replicated.
     """
-    batch, length = ids.shape
-    rows = mesh.batch_multiple(model.mesh)
-    batch_size, prompt_size = -(-bucket(batch, 1) // rows) * rows, bucket(length, MIN_LENGTH_BUCKET)
-    padded_ids = np.full((batch_size, prompt_size), s["pad_token_id"], np.int32)
-    padded_mask = np.zeros((batch_size, prompt_size), bool)
-    padded_ids[:batch, prompt_size - length :], padded_mask[:batch, prompt_size - length :] = ids, mask
-    padded_ids[batch:], padded_mask[batch:] = padded_ids[0], padded_mask[0]  # filler rows, discarded
+    padded_ids, padded_mask = pad_prompts(ids, mask, s["pad_token_id"], mesh.batch_multiple(model.mesh))
     static = Static(
         capacity=bucket(int(s["max_new_tokens"]), MIN_LENGTH_BUCKET),
         do_sample=bool(s["do_sample"]),
         windows=tuple(sorted(masks.layer_windows(model.config).items())),
-        pass_positions=model.accepts("position_ids"),
-        logits_to_keep=model.accepts("logits_to_keep"),
+        pass_positions=accepts(model.module, "position_ids"),
+        logits_to_keep=accepts(model.module, "logits_to_keep"),
     )
     options = {
         "temperature": np.float32(s["temperature"]),
@@ -330,7 +214,7 @@ def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: An
     ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
     collectives a mesh costs.
     """
-    ids, mask, s = _resolve(model, input_ids, attention_mask, settings)
+    ids, mask, s = resolve(model, input_ids, attention_mask, settings)
     args, static = _arguments(model, ids, mask, s)
     return model.program("generate", _generate_all).lower(*args, static=static)
 

@@ -39,23 +39,8 @@ def make_mesh(**axis_sizes: int) -> Mesh:
 
 
 def partition(plan: ShardingPlan, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]) -> PartitionSpec:
-    """Where weight ``name`` goes on a mesh of axis ``sizes`` (``dict(mesh.shape)``).
-
-    The plan's ``model`` split where the mesh has that axis and it divides the dimension into whole units
-    (heads, for attention projections), then, for matrices, ``fsdp`` over the largest remaining dimension
-    it divides; anything else is replicated (vectors too: gathering a norm's weight costs more than it saves).
-    """
-    spec: list[str | None] = []
-    unit = plan.unit_for(name)
-    for axis, size in zip(plan.spec_for(name, len(shape)), shape):
-        keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
-        spec.append(axis if keep else None)
-    fsdp = sizes.get("fsdp", 1)
-    if fsdp > 1 and len(shape) > 1:
-        free = [i for i, axis in enumerate(spec) if axis is None and shape[i] % fsdp == 0]
-        if free:
-            spec[max(free, key=lambda i: shape[i])] = "fsdp"
-    return PartitionSpec(*spec)
+    """Where weight ``name`` goes on a mesh of axis ``sizes`` (``dict(mesh.shape)``): see ``ShardingPlan.spec_on``."""
+    return PartitionSpec(*plan.spec_on(name, shape, sizes))
 
 
 def put(array: np.ndarray, sharding: NamedSharding) -> jax.Array:

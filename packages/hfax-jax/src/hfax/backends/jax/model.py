@@ -65,13 +65,6 @@ class JaxModel:
         dtype, spec, bytes per device) and whose ``bytes_per_device`` is the total a device holds."""
         return layout.array_layout(self.params, self.mesh)
 
-    def accepts(self, argument: str) -> bool:
-        """Whether the wrapped model's ``forward`` takes ``argument``."""
-        return argument in self._signature or any(p.kind is p.VAR_KEYWORD for p in self._signature.values()) and argument in (
-            "logits_to_keep",
-            "position_ids",
-        )
-
     def apply(self, params: dict[str, jax.Array], *args: Any, **kwargs: Any) -> Any:
         """The pure forward: run the model with ``params`` on JAX values and return JAX values.
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ import torch
 
 from hfax.backends.jax.mesh import place
 from hfax.backends.jax.runtime import to_tensor
+from hfax.tensors import tensor_slots
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
@@ -19,30 +20,6 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(jnp.bfloat16)
     return tensor.numpy()
-
-
-def tensor_slots(model: torch.nn.Module) -> Iterator[tuple[str, dict[str, Any], str, torch.Tensor]]:
-    """Every parameter and buffer slot: ``(state name, the module's registry, key in it, tensor)``.
-
-    A tied weight appears once per module that holds it, under each module's name.
-    """
-    for prefix, module in model.named_modules():
-        for registry in (module._parameters, module._buffers):
-            for name, tensor in list(registry.items()):
-                if tensor is not None:
-                    yield (f"{prefix}.{name}" if prefix else name), registry, name, tensor
-
-
-def distinct_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer once (a tied weight under its first name): the names
-    ``torch.func.functional_call`` expects."""
-    named: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for full_name, _, _, tensor in tensor_slots(model):
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            named[full_name] = tensor
-    return named
 
 
 def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:

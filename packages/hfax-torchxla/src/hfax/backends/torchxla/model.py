@@ -1,0 +1,99 @@
+"""The model users get from ``hfax.AutoModelForTPU.from_pretrained(..., backend="torch_xla")``."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hfax.backends.torchxla import generation, runtime, sharding
+
+
+class TorchXlaModel:
+    """A transformers model whose weights live on an XLA device, with the JAX backend's surface.
+
+    * ``model(**inputs)`` runs the forward compiled through the compile-step hook (once per input shape and set
+      of Python flags) and returns the transformers output type with tensors on the XLA device. Compiled,
+      transformers' mask code sees a traced tensor and skips its host syncs (``padding_mask.all()``).
+    * ``model.params`` holds the weights by ``state_dict`` name (tied weights once).
+    * ``model.generate(...)`` decodes with a static KV cache and one compiled decode program per shape bucket
+      (see :mod:`hfax.backends.torchxla.generation`); ``model.last_generate_stats`` says what it cost.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        params: dict[str, torch.Tensor],
+        *,
+        family: str,
+        plan: Any,
+        mesh: Any,
+        compile_step: Callable[..., Callable[..., Any]],
+    ) -> None:
+        self.module = module
+        self.config = module.config
+        self.generation_config = getattr(module, "generation_config", None)
+        self.params = params
+        self.family = family
+        self.plan = plan
+        self.mesh = mesh
+        self._compile_step = compile_step
+        self._programs: dict[str, Callable[..., Any]] = {}
+        self._signature = inspect.signature(module.forward).parameters
+        #: The shape buckets this model compiled for ``generate``.
+        self.buckets: set[generation.Bucket] = set()
+        self.last_generate_stats: Any = None
+
+    def __repr__(self) -> str:
+        return f"TorchXlaModel({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the weights."""
+        return self.module.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return runtime.device()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    def sharding_report(self) -> Any:
+        """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape, dtype,
+        spec, bytes per device) and whose ``bytes_per_device`` is the total a device holds."""
+        return sharding.plan_layout(self.module, self.plan, self.mesh)
+
+    def program(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` compiled once per model through the compile-step hook."""
+        if name not in self._programs:
+            self._programs[name] = self._compile_step(fn, name=name, static_argnames=(), donate_argnames=())
+        return self._programs[name]
+
+    def __call__(self, *args: Any, **inputs: Any) -> Any:
+        """Run the forward on the XLA device. Arrays may be numpy or torch tensors on any device."""
+        if args:
+            names = [name for name in self._signature if name != "self"]
+            inputs.update(zip(names, args))
+        if "use_cache" in self._signature and "use_cache" not in inputs:
+            inputs["use_cache"] = False  # a forward call has no cache to fill; generate() brings its own
+        device = runtime.device()
+        inputs = {name: _to_device(value, device) for name, value in inputs.items()}
+        with torch.no_grad():
+            return self.program("forward", _forward)(self.module, inputs)
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> torch.Tensor:
+        """Generate on device with transformers' semantics; see :func:`hfax.backends.torchxla.generation.generate`."""
+        return generation.generate(self, input_ids, attention_mask, **options)
+
+
+def _forward(module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
+    return module(**inputs)
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    return value.to(device) if isinstance(value, torch.Tensor) else value

@@ -1,0 +1,54 @@
+"""The PyTorch/XLA backend's hook implementations (entry point ``torch_xla`` in group ``hfax``).
+
+Importing this module imports neither torch nor torch_xla: ``hfax plugins`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hfax import BackendSpec, hookimpl
+
+NAME = "torch_xla"
+
+
+@hookimpl
+def hfax_backends() -> list[BackendSpec]:
+    return [BackendSpec(NAME, "hfax.backends.torchxla.backend:TorchXlaBackend", "PyTorch/XLA (TPU, GPU, CPU)")]
+
+
+@hookimpl
+def hfax_plan_layout(model: Any, plan: Any, mesh: Any, backend: str) -> Any:
+    """What ``hfax_shard_weights`` will put on each device, from shapes alone."""
+    if backend != NAME:
+        return None
+    from hfax.backends.torchxla.sharding import plan_layout
+
+    return plan_layout(model, plan, mesh)
+
+
+@hookimpl
+def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[str, Any] | None:
+    """Move the module to the XLA device (tied weights stay one tensor) and, on a mesh, mark each weight's
+    sharding from ``plan``; returns the distinct tensors by ``state_dict`` name."""
+    if backend != NAME:
+        return None
+    from hfax.backends.torchxla.sharding import move_weights
+
+    return move_weights(model, plan, mesh)
+
+
+@hookimpl
+def hfax_compile_step(
+    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+) -> Callable[..., Any] | None:
+    """``torch.compile(fn, backend="openxla")``: dynamo traces the step once per shape and Python constants
+    (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA program
+    without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in place."""
+    if backend != NAME:
+        return None
+    import torch
+
+    # The decode step must be one graph; a forward may break where a model does something dynamo cannot
+    # trace (the pieces still run on XLA).
+    return torch.compile(fn, backend="openxla", fullgraph=name != "forward", dynamic=False)

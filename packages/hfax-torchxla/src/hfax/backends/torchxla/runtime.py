@@ -1,0 +1,92 @@
+"""The PyTorch/XLA runtime as hfax uses it: started once (SPMD or not, persistent compilation cache),
+and what it reports about compilation and CPU fallbacks.
+
+Two choices must come before the first XLA computation of the process and cannot be undone: SPMD mode
+(``torch_xla.runtime.use_spmd``) and the persistent cache (``torch_xla.runtime.initialize_cache``). hfax
+makes both when it places the first model's weights, so the first model decides whether the process runs
+SPMD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import torch
+import torch_xla
+import torch_xla.debug.metrics as metrics
+import torch_xla.runtime as xr
+
+_lock = threading.Lock()
+_spmd: bool | None = None  # None until the runtime was started by hfax
+
+
+class RuntimeModeError(RuntimeError):
+    """SPMD was asked for after the process already ran XLA without it (or the other way round)."""
+
+
+def _enable_compilation_cache() -> None:
+    """Keep compiled programs on disk so a second process does not compile again (unless the user chose a dir)."""
+    if os.environ.get("HFAX_NO_COMPILATION_CACHE") or os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
+        return
+    if torch_xla._XLAC._xla_computation_cache_is_initialized():
+        return  # something ran on XLA before hfax: too late for a persistent cache, and harmless
+    from hfax.demo import cache_dir
+
+    path = cache_dir() / "torch_xla"
+    path.mkdir(parents=True, exist_ok=True)
+    xr.initialize_cache(str(path), readonly=False)
+
+
+def start(spmd: bool) -> None:
+    """Start the runtime once per process, in SPMD mode when ``spmd``; later calls must agree."""
+    global _spmd
+    with _lock:
+        if _spmd is None:
+            if spmd:
+                xr.use_spmd()  # the very first runtime call: later, shardings silently become replication
+            _enable_compilation_cache()
+            _spmd = spmd or xr.is_spmd()
+        elif spmd and not _spmd:
+            raise RuntimeModeError(
+                "this process already runs PyTorch/XLA without SPMD, and SPMD must be chosen before the first "
+                "XLA computation: load the sharded model first (mesh=...), or in a new process"
+            )
+
+
+def device() -> torch.device:
+    """The XLA device tensors go to (in SPMD mode, the one virtual device that spans the mesh)."""
+    return torch_xla.device()
+
+
+def devices() -> list[str]:
+    """Every addressable device, as ``platform:index``."""
+    platform = xr.device_type() or "?"
+    return [f"{platform}:{index}" for index in range(xr.global_runtime_device_count())]
+
+
+@dataclasses.dataclass(frozen=True)
+class Counters:
+    """Running totals from ``torch_xla.debug.metrics``: XLA programs compiled, their compile time, and the
+    aten:: operations that fell back to the CPU (by name, with how often they ran)."""
+
+    compiles: int
+    compile_seconds: float
+    fallbacks: dict[str, int]
+
+    def __sub__(self, earlier: Counters) -> Counters:
+        fallbacks = {name: count - earlier.fallbacks.get(name, 0) for name, count in self.fallbacks.items()}
+        return Counters(
+            self.compiles - earlier.compiles,
+            self.compile_seconds - earlier.compile_seconds,
+            {name: count for name, count in fallbacks.items() if count},
+        )
+
+
+def counters() -> Counters:
+    """The totals so far; subtract two snapshots to see what happened in between."""
+    data = metrics.metric_data("CompileTime")
+    compiles, nanoseconds = (data[0], data[1]) if data else (0, 0.0)
+    fallbacks = {name: metrics.counter_value(name) or 0 for name in metrics.counter_names() if name.startswith("aten::")}
+    return Counters(compiles, nanoseconds / 1e9, fallbacks)

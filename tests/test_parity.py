@@ -1,0 +1,177 @@
+"""The same cases against every installed backend: forward logits and greedy tokens against PyTorch on CPU,
+generate's semantics and errors. Each backend's nox session runs this module with its own venv (the JAX and
+PyTorch/XLA backends need different torch versions, so no venv holds both); cases are parametrized over the
+backends installed here."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hfax.plugins import backends
+from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, tiny_models
+
+BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
+pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
+
+IDS = np.array([[1, 5, 9, 23, 7, 3, 44, 101], [1, 17, 2, 8, 90, 64, 33, 12]])
+PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def tiny(request, tmp_path_factory):
+    """``tiny(name, auto_class)`` -> (checkpoint dir, PyTorch reference, hfax model on the parametrized backend)."""
+    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))
+    return tiny_models(tmp_path_factory.mktemp, backend=request.param)
+
+
+def reference(model, **inputs):
+    with torch.no_grad():
+        return model(**{k: torch.as_tensor(v) for k, v in inputs.items()})
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+def test_causal_lm_logits_match_pytorch(tiny, name):
+    _, ref, model = tiny(name)
+    np.testing.assert_allclose(
+        as_numpy(model(input_ids=IDS).logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+    )
+
+
+def test_sequence_classification_matches_pytorch(tiny):
+    _, ref, model = tiny("bert", "AutoModelForSequenceClassification")
+    np.testing.assert_allclose(
+        as_numpy(model(input_ids=IDS).logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+def test_greedy_matches_transformers_batch_1(tiny, name):
+    _, ref, model = tiny(name)
+    ids = np.array([PROMPTS[0]])
+    out = model.generate(ids, max_new_tokens=24)
+    assert tuple(out.shape) == (1, ids.shape[1] + 24)
+    assert_same_continuation(reference_generate(ref, ids, max_new_tokens=24), out, pad_token_id=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+def test_left_padded_batch_matches_each_prompt_alone(tiny, name):
+    _, ref, model = tiny(name)
+    ids, mask = left_padded(PROMPTS)
+    out = as_numpy(model.generate(ids, attention_mask=mask, max_new_tokens=20))
+    assert_same_continuation(reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0)
+    for row, prompt in enumerate(PROMPTS):
+        alone = as_numpy(model.generate(np.array([prompt]), max_new_tokens=20))
+        np.testing.assert_array_equal(out[row, ids.shape[1] :], alone[0, len(prompt) :])
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_sliding_windows_shorter_than_the_prompt_decode_like_transformers(tiny, name):
+    _, ref, model = tiny(name)
+    ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 44, 101, 17], PROMPTS[1]])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=20)
+    assert_same_continuation(reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0)
+
+
+def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
+    _, ref, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    greedy = as_numpy(model.generate(ids, max_new_tokens=10))
+    eos = int(greedy[0, ids.shape[1] + 2])  # make the third new token the end of the sequence
+    out = as_numpy(model.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0))
+    first_eos = ids.shape[1] + list(out[0, ids.shape[1] :]).index(eos)
+    assert (out[0, first_eos + 1 :] == 0).all()
+    expected = reference_generate(ref, ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)
+    assert_same_continuation(expected, out, pad_token_id=0)
+    delayed = model.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6)
+    expected = reference_generate(ref, ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6)
+    assert_same_continuation(expected, delayed, pad_token_id=0)
+
+
+def test_sampling_is_seeded(tiny):
+    _, _, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    first = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0))
+    again = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0))
+    other = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=8, temperature=1.5, top_k=0))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_top_k_1_and_a_vanishing_top_p_are_greedy(tiny):
+    _, _, model = tiny("gemma")
+    ids = np.array([PROMPTS[2]])
+    greedy = as_numpy(model.generate(ids, max_new_tokens=12))
+    np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=1, seed=3)), greedy)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=0, top_p=1e-6, seed=1)), greedy
+    )
+
+
+class Collect:
+    def __init__(self):
+        self.chunks = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(as_numpy(value).reshape(-1))
+
+    def end(self):
+        self.ended = True
+
+
+def test_streamer_gets_the_tokens_as_they_come(tiny):
+    _, _, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    streamer = Collect()
+    out = as_numpy(model.generate(ids, max_new_tokens=20, streamer=streamer))
+    np.testing.assert_array_equal(out, as_numpy(model.generate(ids, max_new_tokens=20)))
+    assert streamer.ended and len(streamer.chunks) >= 3  # the prompt, then more than one chunk
+    np.testing.assert_array_equal(np.concatenate(streamer.chunks), out[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
+        (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),
+        (dict(top_p=0.0), ValueError, "top_p"),
+        (dict(top_p=1.5), ValueError, "top_p"),
+        (dict(top_k=-2), ValueError, "top_k"),
+        (dict(max_new_tokens=300), ValueError, "max_position_embeddings"),
+        (dict(streamer=object()), TypeError, "streamer"),
+        (dict(num_beams=2), TypeError, "unexpected keyword argument"),
+    ],
+)
+def test_bad_settings_are_rejected(tiny, kwargs, error, words):
+    _, _, model = tiny("llama")
+    with pytest.raises(error, match=words):
+        model.generate(np.array([PROMPTS[0]]), **{"max_new_tokens": 4, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "ids, error, words",
+    [
+        (np.array([[1.0, 2.0]]), TypeError, "integers"),
+        (np.array([[1, 128]]), ValueError, "outside the vocabulary"),
+        (np.array([[-1, 3]]), ValueError, "outside the vocabulary"),
+    ],
+)
+def test_bad_ids_are_rejected_and_the_model_stays_usable(tiny, ids, error, words):
+    _, ref, model = tiny("llama")
+    with pytest.raises(error, match=words):
+        model.generate(ids, max_new_tokens=4)
+    good = np.array([PROMPTS[1]])
+    assert_same_continuation(reference_generate(ref, good, max_new_tokens=8), model.generate(good, max_new_tokens=8), 0)
+
+
+def test_defaults_come_from_the_generation_config(tiny):
+    _, _, model = tiny("llama")
+    model.generation_config.max_new_tokens = 5
+    try:
+        assert tuple(model.generate(np.array([PROMPTS[0]])).shape) == (1, len(PROMPTS[0]) + 5)
+    finally:
+        model.generation_config.max_new_tokens = None
