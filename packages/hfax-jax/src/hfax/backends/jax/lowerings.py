@@ -1,4 +1,5 @@
-"""Lowerings hfax gives torchax for the ops whose default lowering hides attention heads from GSPMD.
+"""Lowerings hfax gives torchax: ops whose default lowering hides attention heads from GSPMD, misses
+PyTorch's semantics, or does not exist.
 
 torch decomposes a 4-D ``matmul`` (and torchax's reference ``scaled_dot_product_attention`` calls it) into
 3-D batched matmuls over ``batch * heads``. Once batch and heads are merged, GSPMD cannot keep heads split
@@ -39,7 +40,11 @@ def scaled_dot_product_attention(
         scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], bool)), scores, -jnp.inf)
     if attn_mask is not None:
         scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
-    return jnp.matmul(jax.nn.softmax(scores, axis=-1).astype(value.dtype), value)
+    weights = jax.nn.softmax(scores, axis=-1)
+    # A query that may see no key (the row of a left-padding token) gets zeros, as in PyTorch since 2.5;
+    # softmax gives NaN there, and the next layer's 0 * NaN spreads it to every token.
+    weights = jnp.where(jnp.all(scores == -jnp.inf, axis=-1, keepdims=True), 0.0, weights)
+    return jnp.matmul(weights.astype(value.dtype), value)
 
 
 #: torch functions and the JAX functions hfax lowers them to.

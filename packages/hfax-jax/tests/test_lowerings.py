@@ -1,0 +1,31 @@
+"""torch operations hfax lowers itself (hfax.backends.jax.lowerings) agree with PyTorch on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hfax.backends.jax.runtime import env, to_array, to_tensor
+
+
+def on_jax(fn, *tensors, **kwargs) -> np.ndarray:
+    """``fn`` run by torchax on copies of CPU ``tensors``, as numpy."""
+    import jax.numpy as jnp
+
+    with env():
+        return np.asarray(to_array(fn(*to_tensor([jnp.asarray(t.numpy()) for t in tensors]), **kwargs)))
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_attention_row_that_sees_no_key_is_zero_like_pytorch(mask_kind):
+    # The row of a left-padding token may attend to nothing: PyTorch returns zeros, plain softmax NaN.
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=generator) for _ in range(3))
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    allowed[1, :, :2, :] = False
+    mask = allowed if mask_kind == "bool" else torch.where(allowed, 0.0, float("-inf"))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    actual = on_jax(torch.nn.functional.scaled_dot_product_attention, q, k, v, mask)
+    assert not np.isnan(actual).any()
+    np.testing.assert_allclose(actual, expected.numpy(), atol=1e-6)
