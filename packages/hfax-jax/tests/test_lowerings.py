@@ -29,3 +29,14 @@ def test_attention_row_that_sees_no_key_is_zero_like_pytorch(mask_kind):
     actual = on_jax(torch.nn.functional.scaled_dot_product_attention, q, k, v, mask)
     assert not np.isnan(actual).any()
     np.testing.assert_allclose(actual, expected.numpy(), atol=1e-6)
+
+
+def test_grouped_mm_matches_pytorch():
+    # transformers' mixture-of-experts path: tokens sorted by expert, `offs` the cumulative rows per expert.
+    generator = torch.Generator().manual_seed(2)
+    tokens = torch.randn(7, 8, generator=generator)
+    experts = torch.randn(3, 8, 4, generator=generator)  # PyTorch's CPU kernel wants 16-byte strides
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32)  # an empty group, and a row past the last group
+    expected = torch._grouped_mm(tokens, experts, offs=offs)
+    actual = on_jax(torch._grouped_mm, tokens, experts, offs)
+    np.testing.assert_allclose(actual[:6], expected[:6].numpy(), atol=1e-5)

@@ -47,12 +47,41 @@ def scaled_dot_product_attention(
     return jnp.matmul(weights.astype(value.dtype), value)
 
 
+def grouped_mm(mat_a: jax.Array, mat_b: jax.Array, offs: jax.Array | None = None, bias: jax.Array | None = None,
+               out_dtype: Any = None) -> jax.Array:  # fmt: skip
+    """``torch._grouped_mm``, which torchax lacks: the expert matmuls of a mixture of experts.
+
+    transformers' ``grouped_mm`` experts (the jittable path: tokens sorted by expert, no data-dependent
+    shapes) pass ``mat_a`` ``[tokens, in]``, ``mat_b`` ``[experts, in, out]`` and ``offs``, the cumulative
+    end row of each expert: ``jax.lax.ragged_dot``. Without ``offs`` the groups are the first dimension of
+    two 3-D operands.
+    """
+    dtype = jnp.dtype(str(out_dtype).removeprefix("torch.")) if out_dtype is not None else jnp.result_type(mat_a, mat_b)
+    groups = None
+    if offs is None:
+        out = jnp.matmul(mat_a, mat_b, preferred_element_type=dtype)
+    elif mat_a.ndim == 2 and mat_b.ndim == 3:
+        sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
+        out = jax.lax.ragged_dot(mat_a, mat_b, group_sizes=sizes, preferred_element_type=dtype)
+        groups = jnp.searchsorted(offs, jnp.arange(mat_a.shape[0]), side="right")
+    else:
+        raise NotImplementedError(
+            f"torch._grouped_mm of {mat_a.ndim}-D by {mat_b.ndim}-D operands with offs is not lowered; hfax lowers the "
+            "mixture-of-experts forward form (2-D tokens by 3-D expert weights)"
+        )
+    if bias is not None:
+        out = out + (bias[jnp.minimum(groups, bias.shape[0] - 1)] if groups is not None and bias.ndim == 2 else bias)
+    return out.astype(dtype)
+
+
 #: torch functions and the JAX functions hfax lowers them to.
 LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
     torch.matmul: jnp.matmul,
     torch.Tensor.matmul: jnp.matmul,
     torch.Tensor.__matmul__: jnp.matmul,
     torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
+    torch._grouped_mm: grouped_mm,
+    torch.ops.aten._grouped_mm.default: grouped_mm,
 }
 
 
