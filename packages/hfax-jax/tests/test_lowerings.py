@@ -40,3 +40,15 @@ def test_grouped_mm_matches_pytorch():
     expected = torch._grouped_mm(tokens, experts, offs=offs)
     actual = on_jax(torch._grouped_mm, tokens, experts, offs)
     np.testing.assert_allclose(actual[:6], expected[:6].numpy(), atol=1e-5)
+
+
+def test_copy_from_a_view():
+    # Mamba's conv-state update: `conv_state.copy_(hidden[:, :, -kernel:])`, whose source is a torchax view.
+    import jax.numpy as jnp
+
+    with env():
+        target = to_tensor(jnp.zeros((2, 3)))
+        source = to_tensor(jnp.arange(10.0).reshape(2, 5))
+        target.copy_(source[:, -3:])
+        copied = np.asarray(to_array(target))
+    np.testing.assert_array_equal(copied, [[2, 3, 4], [7, 8, 9]])

@@ -85,8 +85,26 @@ LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
 }
 
 
+def _copy_from_views(environment: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.copy_`` whose source is a torchax view (Mamba's ``conv_state.copy_(x[:, :, -n:])``): torchax's
+    own lowering reads the source's array directly, which a view does not have."""
+
+    def copy_(target: Any, source: Any, non_blocking: bool = False) -> Any:
+        if hasattr(source, "parent") and hasattr(source, "torch"):  # a torchax View: materialize it
+            source = source.torch()
+        return original(target, source, env=environment)
+
+    return copy_
+
+
+#: In-place torch operations: a wrapper of torchax's own lowering, which works on torchax tensors.
+IN_PLACE: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
+    torch.ops.aten.copy_.default: _copy_from_views,
+}
+
+
 def install(environment: Any) -> None:
-    """Register :data:`LOWERINGS` in a torchax environment (idempotent)."""
+    """Register :data:`LOWERINGS` and :data:`IN_PLACE` in a torchax environment (idempotent)."""
 
     def lowered(fn: Callable[..., jax.Array]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -97,3 +115,9 @@ def install(environment: Any) -> None:
 
     for function, fn in LOWERINGS.items():
         environment.override_op_definition(function, lowered(fn))
+    for op, wrap in IN_PLACE.items():
+        original = environment._ops.get(op) or environment._ops[op.overloadpacket]
+        if not getattr(original.func, "hfax_wrapped", False):
+            wrapped = wrap(environment, original.func)
+            wrapped.hfax_wrapped = True
+            environment.override_op_definition(op, wrapped, is_view_op=original.is_view_op)
