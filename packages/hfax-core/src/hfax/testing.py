@@ -126,15 +126,20 @@ def as_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0) -> Any:
+def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0,
+              spread: bool = False) -> Any:  # fmt: skip
     """Build ``auto_class`` from ``config`` with seeded random weights, save it to ``directory`` and return the
-    reference model loaded back from there (float32, eval mode)."""
+    reference model loaded back from there (float32, eval mode). ``spread`` draws the weights with
+    :func:`spread_weights` instead of transformers' initializers."""
     import torch
     import transformers
 
     cls = getattr(transformers, auto_class)
     torch.manual_seed(seed)
-    cls.from_config(config).save_pretrained(directory)
+    model = cls.from_config(config)
+    if spread:
+        spread_weights(model, seed)
+    model.save_pretrained(directory)
     return cls.from_pretrained(directory).eval()
 
 
@@ -155,6 +160,29 @@ def tiny_models(make_dir: Callable[[str], Any], backend: str) -> Callable[..., t
         return built[name, auto_class]
 
     return build
+
+
+def spread_weights(model: Any, seed: int = 0) -> None:
+    """Random weights under which a tiny model's next token depends on its context.
+
+    transformers' initializers (std 0.02, zero biases, unit norms) leave a 2-layer model repeating one token
+    whatever its cache holds, so a broken cache still passes a generate test. Matrices get unit-scale
+    activations (std ``1/sqrt(fan_in)``); vectors (norms, biases, gates) a spread of 0.1 around their values.
+    """
+    import math
+
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.is_floating_point():
+                continue
+            noise = torch.randn(parameter.shape, generator=generator).to(parameter.dtype)
+            if parameter.ndim >= 2:
+                parameter.copy_(noise / math.sqrt(parameter.shape[-1]))
+            else:
+                parameter.add_(noise * 0.1)
 
 
 def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
