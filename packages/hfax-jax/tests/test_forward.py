@@ -94,3 +94,12 @@ def test_a_returned_cache_is_a_pytree_of_arrays(tiny):
     leaves = jax.tree_util.tree_leaves(out.past_key_values)
     assert leaves and all(isinstance(leaf, jax.Array) for leaf in leaves)
     assert leaves[0].shape[:2] == (2, 2)  # batch, kv heads
+
+
+def test_a_returned_recurrent_cache_is_a_pytree_of_arrays(tiny):
+    # Mamba's cache holds linear-attention layers (conv and SSM states), not key/value layers.
+    _, ref, model = tiny("mamba")
+    out = model(input_ids=IDS, use_cache=True)
+    leaves = jax.tree_util.tree_leaves(out.cache_params)
+    assert leaves and all(isinstance(leaf, jax.Array) for leaf in leaves)
+    np.testing.assert_allclose(out.logits, reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4)

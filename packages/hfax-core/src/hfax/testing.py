@@ -86,7 +86,7 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
     ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
-    ``"gemma2"`` (sliding and full layers), ``"gpt2"``, ``"bert"``."""
+    ``"gemma2"`` (sliding and full layers), ``"gpt2"``, ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
     import transformers
 
     if name == "llama":
@@ -111,6 +111,10 @@ def tiny_config(name: str) -> Any:
         )  # fmt: skip
     if name == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL)
+    if name == "mamba":
+        return transformers.MambaConfig(
+            hidden_size=64, state_size=8, num_hidden_layers=2, vocab_size=128, conv_kernel=4, **TINY_SPECIAL,
+        )  # fmt: skip
     if name == "bert":
         return transformers.BertConfig(
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,

@@ -14,9 +14,12 @@ from typing import Any
 
 import jax
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionCacheLayerMixin
 from transformers.utils import ModelOutput
 
+#: Cache containers and the layer kinds they hold: attention layers, linear-attention (Mamba-style) layers
+#: and the empty layers of models that share another layer's cache.
+CACHE_TYPES = (Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin, DummyLayer)
 _registered: set[type] = set()
 _lock = threading.Lock()
 _ARRAY_ATTRIBUTES = ("keys", "values", "cumulative_length", "layers", "conv_states", "recurrent_states")
@@ -42,7 +45,7 @@ class _Static:
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, (jax.Array, torch.Tensor)) or (
-        isinstance(value, list) and bool(value) and all(isinstance(v, (CacheLayerMixin, jax.Array, torch.Tensor)) for v in value)
+        isinstance(value, list) and bool(value) and all(isinstance(v, (*CACHE_TYPES, jax.Array, torch.Tensor)) for v in value)
     )
 
 
@@ -76,7 +79,7 @@ def register(cls: type) -> None:
             return
         if issubclass(cls, ModelOutput):
             jax.tree_util.register_pytree_node(cls, _flatten_output, lambda keys, children: cls(**dict(zip(keys, children))))
-        elif issubclass(cls, (Cache, CacheLayerMixin)):
+        elif issubclass(cls, CACHE_TYPES):
             jax.tree_util.register_pytree_node(cls, _flatten_object, _unflatten_object(cls))
         else:
             raise TypeError(f"{cls.__name__} is neither a transformers ModelOutput nor a cache type")
@@ -85,11 +88,11 @@ def register(cls: type) -> None:
 
 def register_loaded() -> None:
     """Register every output and cache type transformers has imported so far."""
-    stack: list[type] = [ModelOutput, Cache, CacheLayerMixin]
+    stack: list[type] = [ModelOutput, *CACHE_TYPES]
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
-        if cls not in (ModelOutput, Cache, CacheLayerMixin) and not getattr(cls, "__abstractmethods__", None):
+        if cls not in (ModelOutput, Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin) and not getattr(cls, "__abstractmethods__", None):
             register(cls)
 
 
@@ -101,7 +104,7 @@ def to_jax(value: Any, tensor_to_array: Any) -> Any:
         register(type(value))
         converted = {key: to_jax(item, tensor_to_array) for key, item in value.items()}
         return type(value)(**converted)
-    if isinstance(value, (Cache, CacheLayerMixin)):
+    if isinstance(value, CACHE_TYPES):
         register(type(value))
         clone = copy.copy(value)
         for name in _flatten_object(value)[1][0]:
