@@ -52,3 +52,13 @@ def test_copy_from_a_view():
         target.copy_(source[:, -3:])
         copied = np.asarray(to_array(target))
     np.testing.assert_array_equal(copied, [[2, 3, 4], [7, 8, 9]])
+
+
+def test_type_as_converts_a_copy_and_takes_a_view():
+    import jax.numpy as jnp
+
+    with env():
+        halves = to_tensor(jnp.ones((2, 3), jnp.bfloat16))
+        floats = to_tensor(jnp.zeros((2, 5), jnp.float32))
+        converted = halves.type_as(floats[:, :3])  # `other` a torchax view
+        assert converted.dtype == torch.float32 and halves.dtype == torch.bfloat16  # `self` unchanged

@@ -103,8 +103,22 @@ IN_PLACE: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
 }
 
 
-def install(environment: Any) -> None:
-    """Register :data:`LOWERINGS` and :data:`IN_PLACE` in a torchax environment (idempotent)."""
+def type_as(self: Any, other: Any) -> Any:
+    """``Tensor.type_as``: a converted tensor, as in torch. torchax's changes ``self`` in place (a wrong dtype
+    wherever else ``self`` is used) and fails when ``other`` is a view (Gemma 3n's norms)."""
+    return self.to(other.dtype)
+
+
+#: Methods of torchax's Tensor class that bypass torch's dispatch, and what replaces them.
+METHODS: dict[str, Callable[..., Any]] = {"type_as": type_as}
+
+
+def install(environment: Any, tensor_class: Any = None) -> None:
+    """Register :data:`LOWERINGS` and :data:`IN_PLACE` in a torchax environment, and :data:`METHODS` on its
+    ``tensor_class`` (idempotent)."""
+    for name, method in METHODS.items():
+        if tensor_class is not None:
+            setattr(tensor_class, name, method)
 
     def lowered(fn: Callable[..., jax.Array]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
