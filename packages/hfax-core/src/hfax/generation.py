@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+import warnings
+from typing import Any, Collection
 
 import numpy as np
 
@@ -29,6 +30,17 @@ _DEFAULTS = {
     "max_new_tokens": None,
     "seed": 0,
 }
+#: Settings a backend may implement (it names them to :func:`resolve`), with their defaults.
+OPTIONAL = {
+    "forced_eos_token_id": -1,  # the last new token is this one (BART-family generation configs)
+    "forced_bos_token_id": -1,  # the first new token of an encoder-decoder is this one
+    "decoder_start_token_id": None,  # an encoder-decoder's decoder starts from this token
+    "begin_suppress_tokens": [],  # never the first new token (Whisper)
+}
+#: generation_config settings that change tokens, with their neutral values; a backend that does not implement
+#: one warns when a model's generation config sets it.
+UNSUPPORTED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
+               "sequence_bias": None, "num_beams": 1}  # fmt: skip
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -77,20 +89,30 @@ def _eos_list(eos: Any) -> list[int]:
     return [int(eos)]
 
 
-def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str, Any],
+            optional: Collection[str] = ()) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
     """Fill defaults from the model's generation config and reject bad input before anything compiles.
 
     ``settings`` are generate's keyword arguments other than ``streamer`` (``None``: unset); an unknown one is
-    a ``TypeError``. ``model`` has ``generation_config``, ``config`` and ``module`` (the transformers model). Returns the ids,
-    a boolean mask (inferred from the pad token when not given, as transformers does) and every setting of
-    ``generate`` filled in; ``eos_token_id`` becomes a list.
+    a ``TypeError``. ``optional`` names the settings of :data:`OPTIONAL` the backend implements; the others
+    are unknown, and a generation config setting them (or anything of :data:`UNSUPPORTED`) gets a warning
+    that the tokens may differ from transformers'. ``model`` has ``generation_config``, ``config`` and
+    ``module`` (the transformers model). Returns the ids, a boolean mask (inferred from the pad token when
+    not given, as transformers does) and every setting of ``generate`` filled in; ``eos_token_id`` becomes
+    a list.
     """
-    unknown = sorted(set(settings) - set(_DEFAULTS))
+    unknown_optional = sorted(set(optional) - set(OPTIONAL))
+    if unknown_optional:
+        raise ValueError(f"resolve(optional=...) names {unknown_optional}; the optional settings are {sorted(OPTIONAL)}")
+    defaults = {**_DEFAULTS, **{key: OPTIONAL[key] for key in optional}}
+    unknown = sorted(set(settings) - set(defaults))
     if unknown:
-        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes {sorted(_DEFAULTS)} and streamer")
+        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes {sorted(defaults)} and streamer")
     config = model.generation_config
-    s = {key: settings.get(key) for key in _DEFAULTS}
-    for key, default in _DEFAULTS.items():
+    ignored = {key: OPTIONAL[key] for key in ("forced_eos_token_id", "begin_suppress_tokens") if key not in optional}
+    _warn_unsupported(config, {**UNSUPPORTED, **ignored})
+    s = {key: settings.get(key) for key in defaults}
+    for key, default in defaults.items():
         if s[key] is None:
             s[key] = getattr(config, key, None) if key != "seed" else None
         if s[key] is None:
@@ -114,10 +136,11 @@ def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str,
         bad = ids[(ids < 0) | (ids >= vocab)][0]
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches the model")
     max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions and ids.shape[1] + max_new > max_positions:
+    decoded = 1 + max_new if is_encoder_decoder(model) else ids.shape[1] + max_new  # the decoder's tokens
+    if max_positions and max_positions > 0 and max(decoded, ids.shape[1]) > max_positions:  # -1: unbounded (XLNet)
         raise ValueError(
-            f"prompt ({ids.shape[1]} tokens) plus max_new_tokens ({max_new}) exceeds the model's "
-            f"max_position_embeddings ({max_positions}); shorten the prompt or ask for fewer tokens"
+            f"prompt ({ids.shape[1]} tokens) and max_new_tokens ({max_new}) need {max(decoded, ids.shape[1])} positions, "
+            f"more than the model's max_position_embeddings ({max_positions}); shorten the prompt or ask for fewer tokens"
         )
     eos = _eos_list(s["eos_token_id"])
     if s["pad_token_id"] is None or s["pad_token_id"] == []:
@@ -138,29 +161,64 @@ def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str,
     return ids, mask, s
 
 
+def _warn_unsupported(config: Any, neutral_values: dict[str, Any]) -> None:
+    for key, neutral in neutral_values.items():
+        value = getattr(config, key, neutral)
+        if value not in (neutral, None, 0, -1, [], {}):
+            warnings.warn(
+                f"hfax's generate ignores generation_config.{key}={value!r}; its tokens may differ from transformers'",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` (anything with a transformers ``config``) is an encoder-decoder (T5, BART, ...)."""
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def decoder_start(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
+    """An encoder-decoder's first decoder tokens ``[batch, 1]``, as transformers picks them: the setting
+    ``decoder_start_token_id``, else the config's, else the generation config's BOS."""
+    for value in (s.get("decoder_start_token_id"), getattr(model.config, "decoder_start_token_id", None),
+                  getattr(model.generation_config, "bos_token_id", None)):  # fmt: skip
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return np.full((ids.shape[0], 1), int(value), np.int64)
+    raise ValueError(
+        f"{type(model.module).__name__} is an encoder-decoder without a decoder_start_token_id (or bos_token_id) in "
+        "its generation config; set model.generation_config.decoder_start_token_id"
+    )
+
+
 def check_streamer(streamer: Any) -> None:
     """Reject a streamer without ``put`` and ``end`` before anything runs."""
     if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
         raise TypeError("streamer must have put() and end() methods, like transformers.TextStreamer")
 
 
-def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to a
-    power-of-two multiple of :data:`MIN_LENGTH_BUCKET`. Filler rows repeat row 0 and are discarded after."""
-    batch, length = ids.shape
+def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1, *,
+                length: int | None = None, left: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to ``length`` or
+    else a power-of-two multiple of :data:`MIN_LENGTH_BUCKET`, on the left (or the right: an encoder's input,
+    whose positions count from its first token). Filler rows repeat row 0 and are discarded after."""
+    batch, width = ids.shape
     batch_size = -(-bucket(batch, 1) // row_multiple) * row_multiple
-    prompt_size = bucket(length, MIN_LENGTH_BUCKET)
-    padded_ids = np.full((batch_size, prompt_size), pad_token_id, np.int32)
-    padded_mask = np.zeros((batch_size, prompt_size), bool)
-    padded_ids[:batch, prompt_size - length :], padded_mask[:batch, prompt_size - length :] = ids, mask
+    size = bucket(width, MIN_LENGTH_BUCKET) if length is None else length
+    if size < width:
+        raise ValueError(f"cannot pad {width} tokens into {size}")
+    padded_ids = np.full((batch_size, size), pad_token_id, np.int32)
+    padded_mask = np.zeros((batch_size, size), bool)
+    columns = slice(size - width, size) if left else slice(0, width)
+    padded_ids[:batch, columns], padded_mask[:batch, columns] = ids, mask
     padded_ids[batch:], padded_mask[batch:] = padded_ids[0], padded_mask[0]
     return padded_ids, padded_mask
 
 
 def accepts(module: Any, argument: str) -> bool:
-    """Whether a transformers model's ``forward`` takes ``argument`` (``position_ids``, ``logits_to_keep``, ...)."""
-    parameters = inspect.signature(module.forward).parameters
-    if argument in parameters:
-        return True
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    return takes_kwargs and argument in ("logits_to_keep", "position_ids")
+    """Whether a transformers model's ``forward`` names ``argument`` (``position_ids``, ``logits_to_keep``, ...).
+
+    One reaching only ``**kwargs`` may be ignored: transformers' BART-style decoders take ``position_ids``
+    there and count positions from the cache themselves.
+    """
+    return argument in inspect.signature(module.forward).parameters

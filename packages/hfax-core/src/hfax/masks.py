@@ -4,28 +4,138 @@ A slot cache holds ``length`` positions per row; prompt tokens sit left-padded i
 tokens follow. transformers accepts a ready 4-D mask (or, for hybrid models, a dict of them by layer type)
 and then skips its own mask construction, which reads Python-int lengths off the cache and syncs with the
 host (``padding_mask.all()``). The masks are additive (0 where a query may look, the dtype's minimum
-elsewhere), which every attention implementation accepts. torch is imported when a mask is built, never
-when this module is.
+elsewhere), which every attention implementation accepts.
+
+Some models read the 2-D padding mask for more than attention: recurrent (Mamba-style, linear-attention)
+layers zero the padding positions of their input with it, ALiBi models count their position biases along
+it, and models not built on transformers' ``masking_utils`` (OpenAI GPT) expand it themselves. A ready
+4-D mask breaks them, so :func:`plan` hands them the 2-D mask and they build their attention masks
+themselves from the cache's traced write slot.
+
+torch and transformers are imported when a mask or plan is built, never when this module is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+#: cache layer types holding recurrent state (conv, SSM, linear attention), alone or beside attention.
+RECURRENT_LAYER_TYPES = ("conv", "linear_attention", "hybrid", "hybrid_sliding")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Which earlier slots a query of one layer type may see, besides padding: ``window`` (sliding attention)
+    keeps the last ``window`` positions, ``chunk`` (chunked attention, Llama 4) only those of the query's own
+    chunk of ``chunk`` positions (counted from the row's first real token); neither = full causal attention."""
+
+    window: int | None = None
+    chunk: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskPlan:
+    """How a model gets its ``attention_mask`` (hashable: part of a compiled program's static structure).
+
+    ``spans`` is ``((layer type, Span), ...)``; ``two_d`` says the model takes the 2-D padding mask and
+    builds its attention masks itself.
+    """
+
+    spans: tuple[tuple[str, Span], ...]
+    two_d: bool = False
 
 
 def layer_windows(config: Any) -> dict[str, int | None]:
     """The sliding window of each attention layer type of ``config`` (``None`` = full attention)."""
-    config = config.get_text_config()  # a multimodal model's decoder keeps its windows in its text config
+    return {kind: span.window for kind, span in layer_spans(config).items()}
+
+
+def layer_spans(config: Any) -> dict[str, Span]:
+    """The :class:`Span` of each attention layer type the decoder of ``config`` names in ``layer_types``."""
+    config = config.get_text_config(decoder=True)  # a multimodal model's decoder keeps its windows in its text config
     window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
     types = set(getattr(config, "layer_types", None) or ())
     if not types:
-        return {"full_attention": window}
-    return {kind: (window if kind == "sliding_attention" else None) for kind in types}
+        if chunk is not None and window is None:
+            return {"chunked_attention": Span(chunk=chunk)}
+        return {"full_attention": Span(window=window)}
+    spans = {}
+    for kind in types:
+        if kind in ("sliding_attention", "hybrid_sliding"):
+            spans[kind] = Span(window=window)
+        elif kind == "chunked_attention":
+            spans[kind] = Span(chunk=chunk)
+        else:
+            spans[kind] = Span()
+    return spans
 
 
-def build(windows: dict[str, int | None], valid: Any, query_slots: Any, dtype: Any) -> Any:
+def plan(config: Any, module: Any = None) -> MaskPlan:
+    """The mask plan for a transformers model (``module``, when given, is the model itself).
+
+    The 2-D mask goes to models with recurrent layers (by transformers' ``get_layer_types_and_kwargs``), to
+    ALiBi models (``config.alibi``, MPT's ``attn_config.alibi``, or a model that builds its ALiBi tensor
+    itself, as BLOOM does) and to models whose code does not use transformers' mask functions, which are
+    what accept a ready 4-D mask.
+    """
+    spans = tuple(sorted(layer_spans(config).items()))
+    two_d = has_recurrent_layers(config) or _uses_alibi(config, module) or not _uses_masking_utils(module)
+    return MaskPlan(spans, two_d=two_d)
+
+
+def has_recurrent_layers(config: Any) -> bool:
+    """Whether some layer of ``config``'s decoder keeps recurrent (conv, SSM, linear-attention) state."""
+    from transformers import cache_utils
+
+    try:
+        types, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except (AttributeError, TypeError, ValueError):  # configs without per-layer information: attention only
+        return False
+    return any(kind in RECURRENT_LAYER_TYPES for kind in types)
+
+
+def _uses_alibi(config: Any, module: Any) -> bool:
+    attn_config = getattr(config, "attn_config", None)
+    if getattr(config, "alibi", False) or getattr(attn_config, "alibi", False):
+        return True
+    base = getattr(module, "base_model", module)
+    return base is not None and any(name.startswith("build_") and "alibi" in name for name in dir(type(base)))
+
+
+#: transformers' mask functions (``masking_utils``); each returns a ready 4-D mask as it is.
+_MASK_FUNCTIONS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask",
+                   "create_masks_for_generate", "create_bidirectional_mask")  # fmt: skip
+
+
+def _uses_masking_utils(module: Any) -> bool:
+    if module is None:
+        return True
+    import sys
+
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("transformers.models."):
+            namespace = vars(sys.modules[cls.__module__])
+            return any(name in namespace for name in _MASK_FUNCTIONS)
+    return True  # not a transformers model class: assume it follows transformers' conventions
+
+
+def attention_mask(mask_plan: MaskPlan, valid: Any, query_slots: Any, dtype: Any) -> Any:
     """The ``attention_mask`` argument for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
 
+    ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token. Under
+    a 2-D plan that is the mask (as integers, as transformers takes it); otherwise see :func:`build`.
+    """
+    if mask_plan.two_d:
+        return valid.long()
+    return build(dict(mask_plan.spans), valid, query_slots, dtype)
+
+
+def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any) -> Any:
+    """Additive masks for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
+
+    ``spans`` maps layer types to a :class:`Span` (or a sliding window, ``None`` = full attention).
     ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token.
     Returns one ``[batch, 1, q, length]`` mask of ``dtype``, or a dict by layer type when the model mixes
     types. Runs on any torch device (XLA, torchax's JAX tensors, CPU).
@@ -33,11 +143,18 @@ def build(windows: dict[str, int | None], valid: Any, query_slots: Any, dtype: A
     import torch
 
     slots = torch.arange(valid.shape[1], device=valid.device)
-    causal = slots[None, :] <= query_slots[:, None]
+    keys, queries = slots[None, :], query_slots[:, None]
+    causal = keys <= queries
     blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
     masks = {}
-    for kind, window in windows.items():
-        allowed = causal if window is None else causal & (slots[None, :] > query_slots[:, None] - window)
+    for kind, span in spans.items():
+        span = span if isinstance(span, Span) else Span(window=span)
+        allowed = causal
+        if span.window is not None:
+            allowed = allowed & (keys > queries - span.window)
         allowed = allowed[None, None] & valid[:, None, None, :]
+        if span.chunk is not None:  # by position, which left padding shifts against the slot
+            positions = torch.div(torch.cumsum(valid.long(), dim=1) - 1, span.chunk, rounding_mode="floor")
+            allowed = allowed & (positions[:, None, query_slots, None] == positions[:, None, None, :])
         masks[kind] = torch.where(allowed, torch.zeros((), dtype=dtype, device=valid.device), blocked)
     return masks if len(masks) > 1 else next(iter(masks.values()))
