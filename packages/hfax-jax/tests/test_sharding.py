@@ -140,9 +140,9 @@ def program_arguments(model: Any) -> tuple[tuple[Any, ...], Any]:
 
 def prefill_cache(model: Any) -> Any:
     """The first layer's key buffer after prefill."""
-    (params, prompt_ids, prompt_mask, _, options), static = program_arguments(model)
-    state = model.program("prefill", generation.prefill_program)(params, prompt_ids, prompt_mask, options, static=static)
-    return state["buffers"][0][0]
+    (params, prompt_ids, prompt_mask, source, _, options), static = program_arguments(model)
+    state = model.program("prefill", generation.prefill_program)(params, prompt_ids, prompt_mask, source, options, static=static)
+    return state["states"][0]["keys"]
 
 
 @pytest.mark.parametrize(

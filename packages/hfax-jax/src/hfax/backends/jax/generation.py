@@ -3,8 +3,10 @@
 Shapes are bucketed (batch to powers of two, prompt and new-token counts to powers of two from 16) so a
 stream of different requests compiles a bounded number of programs; the token count itself, the sampling
 settings and the seed are traced values. Prompts are left-padded into their bucket; padding slots are
-masked, so a padded prompt produces the tokens it produces alone. Sampling and EOS handling run on
-device; the host sees the result once, or once per chunk when a streamer is given.
+masked, and positions come from the mask, so a padded prompt produces the tokens it produces alone. A
+model that takes no ``position_ids`` counts positions from the cache length, which bucket padding would
+shift: its prompts keep their own length. Sampling and EOS handling run on device; the host sees the
+result once, or once per chunk when a streamer is given.
 
 On a mesh, prompt rows are split over the batch axes (``data``, ``fsdp``), the KV cache over rows and heads
 (``mesh.cache_sharding``), and the tokens handed back are whole on every device, so every process of a
@@ -24,10 +26,16 @@ import numpy as np
 import torch
 
 from hfax import masks
-from hfax.backends.jax import mesh, monitor
-from hfax.backends.jax.cache import SlotCache
+from hfax.backends.jax import cache as slot_cache
+from hfax.backends.jax import mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
-from hfax.generation import MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, pad_prompts, resolve
+from hfax.generation import (
+    MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, decoder_start, is_encoder_decoder,
+    pad_prompts, resolve,
+)  # fmt: skip
+
+#: The settings of ``hfax.generation.OPTIONAL`` this backend implements.
+OPTIONAL = ("forced_eos_token_id", "forced_bos_token_id", "decoder_start_token_id", "begin_suppress_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,35 +44,120 @@ class Static:
 
     capacity: int
     do_sample: bool
-    windows: tuple[tuple[str, int | None], ...]
+    layer_types: tuple[tuple[str, int], ...] | None
+    mask_plan: masks.MaskPlan
+    cache_argument: str  # "" for a model without a cache
     pass_positions: bool
     logits_to_keep: bool
+    encoder_decoder: bool = False
+
+    @property
+    def attends(self) -> bool:
+        """Whether any layer attends over past tokens (a purely recurrent model needs no mask to decode)."""
+        kinds = {kind for kind, _ in self.layer_types or ()}
+        return self.layer_types is None or bool(kinds - slot_cache.LINEAR_TYPES)
 
 
-def _step(model: Any, static: Static, params: Any, buffers: Any, ids: Any, positions: Any, valid: Any, slots: Any) -> Any:
-    """One forward over ``ids`` written at ``slots`` of a cache of ``valid.shape[1]`` slots."""
-    tparams, tids, tpositions, tvalid, tslots, tbuffers = to_tensor((params, ids, positions, valid, slots, buffers))
+def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positions: Any, valid: Any, query_slots: Any,
+          slot: Any, source: Any = None, at: Any = None, masked: bool = True) -> Any:  # fmt: skip
+    """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
+
+    ``valid`` (``[batch, slots]``, bool) says which slots hold real tokens; the attention mask comes from it
+    through ``hfax.masks``, unless not ``masked`` (a recurrent model decoding needs none). An
+    encoder-decoder decodes ``ids`` against ``source``: the encoder's input ``{"ids", "mask"}`` on the first
+    step, which runs the encoder, its output ``{"encoded", "mask"}`` after. A model without a cache reads
+    all of ``ids`` and gives the logits at position ``at``. Returns the last (or ``at``) position's logits,
+    the cache states and the encoder's output (``None`` without an encoder).
+    """
+    length = valid.shape[1]
+    tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource = to_tensor(
+        (params, ids, positions, valid, query_slots, slot, states, source)
+    )
     with env():
-        tmask = masks.build(dict(static.windows), tvalid, tslots, model.module.dtype)
-        cache = SlotCache(valid.shape[1], tslots[0], tbuffers)
-        kwargs: dict[str, Any] = dict(input_ids=tids, attention_mask=tmask, past_key_values=cache, use_cache=True)
+        tmask = masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype) if masked else None
+        if static.encoder_decoder:
+            if "encoded" not in tsource:  # the first step: the encoder runs alone, as in transformers' generate
+                encoder = _Encoder(model.module)
+                encoded = torch.func.functional_call(encoder, _prefixed(tparams), (tsource["ids"], tsource["mask"]), tie_weights=True, strict=False)
+                tsource = {"encoded": encoded, "mask": tsource["mask"]}
+            cache = _encoder_decoder_cache(length, tslot, tstates, tsource)
+            kwargs: dict[str, Any] = dict(decoder_input_ids=tids, decoder_attention_mask=tmask, attention_mask=tsource["mask"])
+            kwargs["encoder_outputs"] = tsource["encoded"]
+        else:
+            cache = slot_cache.SlotCache(length, tslot, static.layer_types, tstates) if static.cache_argument else None
+            kwargs = dict(input_ids=tids, attention_mask=tmask)
+        if cache is not None:
+            kwargs.update({static.cache_argument: cache, "use_cache": True})
         if static.pass_positions:
             kwargs["position_ids"] = tpositions
-        if static.logits_to_keep:
+        if static.logits_to_keep and cache is not None:
             kwargs["logits_to_keep"] = 1
         output = torch.func.functional_call(model.module, tparams, (), kwargs, tie_weights=True, strict=False)
-        logits = output.logits[:, -1, :]
-        new_buffers = to_array(cache.buffers())
+        logits = output.logits if at is not None else output.logits[:, -1, :]
+        if static.encoder_decoder:
+            new_states = {"self": cache.self_attention_cache.states(), "cross": cache.cross_attention_cache.states()}
+            hidden = tsource["encoded"]
+            pytrees.register(type(hidden))  # carried from step to step by the decode loop
+        else:
+            new_states, hidden = (cache.states() if cache is not None else []), None
+        logits, new_states, hidden = to_array((logits, new_states, hidden))
+    if at is not None:
+        logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
     if model.mesh is not None:  # heads over `model`, rows over the batch axes, in prefill and every decode step
-        new_buffers = mesh.constrain(new_buffers, functools.partial(mesh.cache_sharding, model.mesh))
-    return to_array(logits).astype(jnp.float32), new_buffers
+        new_states = mesh.constrain(new_states, functools.partial(_state_sharding, model.mesh))
+    return logits.astype(jnp.float32), new_states, hidden
+
+
+class _Encoder(torch.nn.Module):
+    """An encoder-decoder's encoder as a module of its own, whose weights keep the full model's names."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: Any, mask: Any) -> Any:
+        return self.model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+
+
+def _prefixed(params: dict[str, Any]) -> dict[str, Any]:
+    return {f"model.{name}": value for name, value in params.items()}
+
+
+def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str, Any]) -> Any:
+    """Slot caches for the decoder's self-attention and for its cross-attention over the encoder's output,
+    whose keys and values the first step computes and later steps read."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    source_length = source["mask"].shape[1]
+    if states is None:
+        return EncoderDecoderCache(slot_cache.SlotCache(length, slot), slot_cache.SlotCache(source_length, 0))
+    cache = EncoderDecoderCache(
+        slot_cache.SlotCache(length, slot, states=states["self"]),
+        slot_cache.SlotCache(source_length, 0, states=states["cross"]),
+    )
+    cache.is_updated = dict.fromkeys(range(len(states["cross"])), True)
+    return cache
+
+
+def _state_sharding(device_mesh: Any, shape: tuple[int, ...]) -> Any:
+    """Key and value buffers split over rows and heads; other layer states (conv, recurrent) over rows."""
+    return mesh.cache_sharding(device_mesh, shape) if len(shape) == 4 else mesh.batch_sharding(device_mesh, shape)
 
 
 def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.Array, options: dict[str, Any]) -> tuple[Any, Any]:
-    """Pick new token ``index`` of every row, in transformers' order: min-length, temperature, top-k, top-p."""
+    """Pick new token ``index`` of every row, in transformers' order: min-length, suppressed first tokens, forced
+    BOS and EOS, then temperature, top-k, top-p."""
     vocab = logits.shape[-1]
     is_eos = jnp.isin(jnp.arange(vocab), options["eos"])
     logits = jnp.where((index < options["min_new_tokens"]) & is_eos[None], -jnp.inf, logits)
+    suppressed = (index == 0) & jnp.isin(jnp.arange(vocab), options["begin_suppress"])
+    logits = jnp.where(suppressed[None], -jnp.inf, logits)
+    # forced_bos_token_id (encoder-decoders): the token after the decoder's start token.
+    forced = (index == 0) & (options["forced_bos"] >= 0)
+    logits = jnp.where(forced, jnp.where(jnp.arange(vocab) == options["forced_bos"], 0.0, -jnp.inf)[None], logits)
+    # forced_eos_token_id: the last token transformers lets a sequence have is EOS.
+    forced = (index == options["max_new"] - 1) & (options["forced_eos"] >= 0)
+    logits = jnp.where(forced, jnp.where(jnp.arange(vocab) == options["forced_eos"], 0.0, -jnp.inf)[None], logits)
     if static.do_sample:
         logits = logits / options["temperature"]
         ascending = jnp.sort(logits, axis=-1)
@@ -84,15 +177,33 @@ def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.A
     return token, finished | jnp.isin(token, options["eos"])
 
 
-def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, options: dict[str, Any]) -> dict[str, Any]:
-    """Run the prompt, fill the cache, and choose the first new token."""
+def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, options: dict[str, Any],
+            source: Any = None) -> dict[str, Any]:  # fmt: skip
+    """Run the prompt, fill the cache, and choose the first new token.
+
+    For an encoder-decoder, ``ids`` is the decoder's start token and ``source`` the encoder's ``{"ids",
+    "mask"}``: the encoder runs here, once.
+    """
     batch, length = ids.shape
-    valid = jnp.concatenate([prompt_mask, jnp.ones((batch, static.capacity), bool)], axis=1)
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
-    logits, buffers = _step(model, static, params, None, ids, positions, valid, jnp.arange(length))
+    # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
+    # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
+    logits, states, hidden = _step(model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source)
     token, finished = _choose(static, logits, jnp.int32(0), jnp.zeros((batch,), bool), options)
     tokens = jnp.full((batch, static.capacity), options["pad"], jnp.int32).at[:, 0].set(token)
-    return {"buffers": buffers, "tokens": tokens, "step": jnp.int32(1), "finished": finished, "valid": valid}
+    valid = jnp.concatenate([prompt_mask, jnp.ones((batch, static.capacity), bool)], axis=1)
+    if static.encoder_decoder:
+        states = {**states, "self": slot_cache.grow(states["self"], static.capacity)}
+    else:
+        states = slot_cache.grow(states, static.capacity)
+    if model.mesh is not None:
+        states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
+    state = {"states": states, "tokens": tokens, "step": jnp.int32(1), "finished": finished, "valid": valid}
+    if not static.cache_argument:
+        state["prompt"] = ids  # a model without a cache reads the whole sequence at every step
+    if static.encoder_decoder:
+        state["source"] = {"encoded": hidden, "mask": source["mask"]}
+    return state
 
 
 def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, options: dict[str, Any]) -> dict[str, Any]:
@@ -107,12 +218,19 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         step = state["step"]
         last = jax.lax.dynamic_slice_in_dim(state["tokens"], step - 1, 1, axis=1)
         slot = prompt_length + step - 1
-        logits, buffers = _step(
-            model, static, params, state["buffers"], last, (seen + step - 1)[:, None], state["valid"], slot[None]
-        )
+        positions = (seen + step - 1)[:, None]
+        length = state["valid"].shape[1]
+        if static.cache_argument:
+            logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None], slot,
+                                      state.get("source"), masked=static.attends)  # fmt: skip
+        else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
+            sequence = jnp.concatenate([state["prompt"], state["tokens"]], axis=1)
+            valid = state["valid"] & (jnp.arange(length) <= slot)[None]
+            positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
+            logits, states, _ = _step(model, static, params, [], sequence, positions, valid, jnp.arange(length), 0, at=slot)
         token, finished = _choose(static, logits, step, state["finished"], options)
         tokens = jax.lax.dynamic_update_slice_in_dim(state["tokens"], token[:, None], step, axis=1)
-        return {**state, "buffers": buffers, "tokens": tokens, "step": step + 1, "finished": finished}
+        return {**state, "states": states, "tokens": tokens, "step": step + 1, "finished": finished}
 
     state = jax.lax.while_loop(unfinished, advance, state)
     if model.mesh is not None:  # whole on every device, so every process of a multi-host mesh can read them
@@ -121,8 +239,8 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
     return state
 
 
-def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, limit: Any, options: Any, static: Static) -> Any:
-    state = decode(model, static, params, prefill(model, static, params, ids, prompt_mask, options), limit, options)
+def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, limit: Any, options: Any, static: Static) -> Any:
+    state = decode(model, static, params, prefill(model, static, params, ids, prompt_mask, options, source), limit, options)
     return state["tokens"], state["step"]
 
 
@@ -139,38 +257,46 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     min_new_tokens: int | None = None,
+    forced_eos_token_id: int | None = None,
+    begin_suppress_tokens: list[int] | None = None,
     seed: int | None = None,
     streamer: Any = None,
 ) -> jax.Array:
     """Continue ``input_ids`` (``[batch, length]``, left-padded when lengths differ) on device.
 
     Returns the prompt followed by ``max_new_tokens`` new tokens, ``[batch, length + max_new_tokens]``; a
-    row that produced EOS continues with ``pad_token_id``. Unset arguments come from the model's
-    ``generation_config``, as in transformers. Greedy unless ``do_sample``; sampling is reproducible for a
+    row that produced EOS continues with ``pad_token_id``. For an encoder-decoder (T5, BART, ...)
+    ``input_ids`` go to the encoder and the result is the decoder's start token followed by the new
+    tokens, ``[batch, 1 + max_new_tokens]``, as transformers returns it. Unset arguments come from the model's
+    ``generation_config``, as in transformers; ``forced_eos_token_id`` makes the last new token EOS and
+    ``begin_suppress_tokens`` are never the first. Settings of the generation config that hfax does not
+    implement (repetition penalties, n-gram blocking, beams) are warned about. Greedy unless ``do_sample``; sampling is reproducible for a
     given ``seed``. A ``streamer`` (``put``/``end``, e.g. ``transformers.TextStreamer``) receives tokens in
     chunks of ``STREAM_CHUNK`` as they are decoded.
     """
     settings = dict(
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, seed=seed,
+        forced_eos_token_id=forced_eos_token_id, begin_suppress_tokens=begin_suppress_tokens,
     )  # fmt: skip
-    ids, mask, s = resolve(model, input_ids, attention_mask, settings)
+    ids, mask, s = resolve(model, input_ids, attention_mask, settings, OPTIONAL)
     check_streamer(streamer)
     batch = ids.shape[0]
     max_new = int(s["max_new_tokens"])
     started, before = time.perf_counter(), monitor.snapshot()
+    head = _head(model, ids, s)
     if max_new == 0:
         if streamer is not None:
-            streamer.put(ids)
+            streamer.put(head)
             streamer.end()
-        return jax.device_put(ids.astype(np.int32))
+        return jax.device_put(head.astype(np.int32))
 
     args, static = _arguments(model, ids, mask, s)
     if streamer is None:
         tokens, steps = model.program("generate", _generate_all)(*args, static=static)
         tokens = np.asarray(tokens)
     else:
-        tokens, steps = _stream(model, static, args, max_new, streamer, ids)
+        tokens, steps = _stream(model, static, args, max_new, streamer, head)
     after = monitor.snapshot()
     model.last_generate_stats = GenerateStats(
         new_tokens=int(steps) * batch,
@@ -178,22 +304,38 @@ def generate(
         compile_seconds=(after.compile_seconds - before.compile_seconds) + (after.trace_seconds - before.trace_seconds),
         compiles=after.compiles - before.compiles,
     )
-    return jax.device_put(np.concatenate([ids, tokens[:batch, :max_new]], axis=1).astype(np.int32))
+    return jax.device_put(np.concatenate([head, tokens[:batch, :max_new]], axis=1).astype(np.int32))
 
 
 def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any]) -> tuple[tuple[Any, ...], Static]:
-    """The generate program's arguments ``(params, ids, prompt_mask, limit, options)`` and its ``Static``.
+    """The generate program's arguments ``(params, ids, prompt_mask, source, limit, options)`` and its ``Static``.
 
     Prompts are left-padded into their bucket, with rows enough for every batch axis of the mesh, and split
-    over those axes; the settings are replicated.
+    over those axes; the settings are replicated. An encoder-decoder's prompt is the decoder's start token
+    and ``source`` the encoder's input, padded on the right into its bucket (its positions count from its
+    first token); ``source`` is ``None`` for decoder-only models.
     """
-    padded_ids, padded_mask = pad_prompts(ids, mask, s["pad_token_id"], mesh.batch_multiple(model.mesh))
+    length = ids.shape[1]
+    rows = mesh.batch_multiple(model.mesh)
+    encoder_decoder = is_encoder_decoder(model)
+    positioned = accepts(model.module, "position_ids") and not encoder_decoder
+    if encoder_decoder:
+        source_ids, source_mask = pad_prompts(ids, mask, s["pad_token_id"], rows, left=False)
+        source = mesh.shard_batch({"ids": source_ids, "mask": source_mask.astype(np.int32)}, model.mesh)
+        start = decoder_start(model, ids, s)
+        padded_ids, padded_mask = pad_prompts(start, np.ones_like(start, bool), s["pad_token_id"], rows, length=1)
+    else:
+        padded_ids, padded_mask = pad_prompts(ids, mask, s["pad_token_id"], rows, length=None if positioned else length)
+        source = None
     static = Static(
         capacity=bucket(int(s["max_new_tokens"]), MIN_LENGTH_BUCKET),
         do_sample=bool(s["do_sample"]),
-        windows=tuple(sorted(masks.layer_windows(model.config).items())),
-        pass_positions=accepts(model.module, "position_ids"),
+        layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
+        mask_plan=masks.plan(model.config, model.module),
+        cache_argument=_cache_argument(model),
+        pass_positions=positioned,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
+        encoder_decoder=encoder_decoder,
     )
     options = {
         "temperature": np.float32(s["temperature"]),
@@ -202,10 +344,25 @@ def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any])
         "min_new_tokens": np.int32(s["min_new_tokens"]),
         "eos": np.asarray(s["eos_token_id"] or [-1], np.int32),
         "pad": np.int32(s["pad_token_id"]),
+        "max_new": np.int32(s["max_new_tokens"]),
+        "forced_eos": np.int32(s["forced_eos_token_id"]),
+        "forced_bos": np.int32(s["forced_bos_token_id"] if encoder_decoder else -1),
+        "begin_suppress": np.asarray(list(s["begin_suppress_tokens"]) or [-1], np.int32),
         "key": np.asarray(jax.random.key_data(jax.random.key(int(s["seed"])))),
     }
     limit, options = mesh.replicate((np.int32(s["max_new_tokens"]), options), model.mesh)
-    return (model.params, *mesh.shard_batch((padded_ids, padded_mask), model.mesh), limit, options), static
+    return (model.params, *mesh.shard_batch((padded_ids, padded_mask), model.mesh), source, limit, options), static
+
+
+def _head(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
+    """What the result starts with: the prompt, or for an encoder-decoder the decoder's start token."""
+    return decoder_start(model, ids, s) if is_encoder_decoder(model) else ids
+
+
+def _cache_argument(model: Any) -> str:
+    """The name under which the model's forward takes its cache (Mamba-style models call it ``cache_params``);
+    ``""`` for a model without one, which then reads the whole sequence at every step, as transformers does."""
+    return next((name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), "")
 
 
 def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any) -> jax.stages.Lowered:
@@ -214,15 +371,15 @@ def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: An
     ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
     collectives a mesh costs.
     """
-    ids, mask, s = resolve(model, input_ids, attention_mask, settings)
+    ids, mask, s = resolve(model, input_ids, attention_mask, settings, OPTIONAL)
     args, static = _arguments(model, ids, mask, s)
     return model.program("generate", _generate_all).lower(*args, static=static)
 
 
 def _stream(model: Any, static: Static, args: tuple[Any, ...], max_new: int, streamer: Any, ids: np.ndarray) -> tuple[np.ndarray, int]:
-    params, prompt_ids, prompt_mask, _, options = args
+    params, prompt_ids, prompt_mask, source, _, options = args
     streamer.put(ids)
-    state = model.program("prefill", prefill_program)(params, prompt_ids, prompt_mask, options, static=static)
+    state = model.program("prefill", prefill_program)(params, prompt_ids, prompt_mask, source, options, static=static)
     sent = 0
     while True:
         limit = min(sent + STREAM_CHUNK, max_new)
@@ -238,8 +395,8 @@ def _stream(model: Any, static: Static, args: tuple[Any, ...], max_new: int, str
     return tokens, sent
 
 
-def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, options: Any, static: Static) -> Any:
-    return prefill(model, static, params, ids, prompt_mask, options)
+def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, options: Any, static: Static) -> Any:
+    return prefill(model, static, params, ids, prompt_mask, options, source)
 
 
 def decode_program(model: Any, params: Any, state: Any, limit: Any, options: Any, static: Static) -> Any:

@@ -1,0 +1,101 @@
+"""Greedy generate matches transformers for the kinds of layers a slot cache must hold and the masks they need.
+
+Tiny models with spread random weights (a broken cache changes their tokens), a batch with a left-padded
+row, the tokens of transformers' own ``generate`` on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import transformers
+
+import hfax
+from hfax.testing import assert_same_continuation, left_padded, reference_generate, save_tiny
+
+PROMPTS = [[5, 17, 33, 9, 41, 8, 22, 60], [12, 50, 7, 31, 19]]
+NEW_TOKENS = 10
+PAD = 1
+
+
+def assert_generates_like_transformers(config: Any, directory, **options: Any) -> None:
+    """Both generate with the generation config's settings and ``options``."""
+    reference = save_tiny(config, directory, spread=True)
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD, **options}
+    expected = reference_generate(reference, ids, mask, **options)
+    model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+    actual = np.asarray(model.generate(ids, attention_mask=mask, **options))
+    assert actual.shape == (len(PROMPTS), ids.shape[1] + NEW_TOKENS)
+    assert_same_continuation(expected, actual, pad_token_id=PAD)
+
+
+def test_model_reading_the_2d_mask_itself(tmp_path):
+    # BLOOM builds ALiBi biases from the 2-D mask: it must get one as long as its keys, not a 4-D mask.
+    config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    assert_generates_like_transformers(config, tmp_path)
+
+
+@pytest.mark.parametrize("window", [3, None])
+def test_sliding_and_full_layers(tmp_path, window):
+    config = transformers.Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=window or 4096, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path)
+
+
+def test_recurrent_layers(tmp_path):
+    # Mamba: conv and SSM states instead of keys and values, taken as `cache_params`, and no attention at all.
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4)
+    assert_generates_like_transformers(config, tmp_path)
+
+
+def test_hybrid_attention_and_recurrent_layers(tmp_path):
+    # Jamba: a Mamba layer (its padding mask the prompt's part of the 2-D mask) and an attention layer.
+    config = transformers.JambaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2,
+        expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False,
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path)
+
+
+def test_model_counting_positions_from_the_cache(tmp_path):
+    # BART's decoder ignores position_ids and counts positions from the cache length, which padding the
+    # prompt into a length bucket would shift.
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=32, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+        encoder_attention_heads=4, decoder_ffn_dim=64, encoder_ffn_dim=64, max_position_embeddings=64,
+        forced_eos_token_id=None,
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path)
+
+
+def test_forced_eos_and_suppressed_first_tokens(tmp_path):
+    # BART-family generation configs force EOS as the last token; Whisper's suppress tokens as the first.
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, eos_token_id=2,
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path, forced_eos_token_id=2, begin_suppress_tokens=[3, 4, 5])
+
+
+def test_sparse_attention_indexer_keys(tmp_path):
+    # DeepSeek V3.2: each layer's indexer keeps keys of its own, which pick the keys attention may see. Top-k
+    # over all of them: torch and JAX break ties (ReLU'd scores are often exactly 0) in different orders.
+    config = transformers.DeepseekV32Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=8, index_topk=64, index_head_dim=16, index_n_heads=2, mlp_layer_types=["dense", "dense"],
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path)
+
+
+def test_model_without_a_cache(tmp_path):
+    # OpenAI GPT takes no cache: like transformers, generate reads the whole sequence at every step.
+    config = transformers.OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    assert_generates_like_transformers(config, tmp_path)
