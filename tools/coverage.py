@@ -61,6 +61,21 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def usable_backends() -> tuple[list[str], dict[str, str]]:
+    """The installed backends that load here, and why each other one does not (torch_xla missing, ...)."""
+    from hfax import plugins
+
+    usable, unavailable = [], {}
+    for name, spec in sorted(plugins.backends().items()):
+        try:
+            spec.load()
+        except ImportError as error:
+            unavailable[name] = f"{type(error).__name__}: {error}"
+        else:
+            usable.append(name)
+    return usable, unavailable
+
+
 def architectures(kind: str) -> list[str]:
     """The model types of ``kind``'s transformers auto mapping, in mapping order."""
     from transformers.models.auto import modeling_auto
@@ -195,9 +210,7 @@ def worker_main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from hfax import plugins
-
-    backends = sorted(plugins.backends())
+    backends, _ = usable_backends()
 
     def report(name: str, state: str, detail: str) -> None:
         print(RESULT + json.dumps([name, state, detail]), flush=True)
@@ -283,6 +296,9 @@ def render(document: dict[str, Any]) -> str:
         f"jax {document['versions']['jax']}, torchax {document['versions']['torchax']}; "
         f"generated {document['generated']} in {document['minutes']} min.",
         "",
+        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}." for name, why in
+          sorted(document.get("unavailable", {}).items())],
+        "",
         "Every architecture of transformers' auto mappings, as a tiny random model (hidden size 64, 2 layers, 4 "
         "heads, 2 KV heads, vocabulary 256; `tools/tiny_configs.py`), saved and loaded with `from_pretrained`, "
         "float32. Each check compares hfax with the same weights run by PyTorch on CPU:",
@@ -365,13 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(kind, arch) for kind in kinds for arch in architectures(kind) if not only or arch in only]
     started = time.monotonic()
     results = sweep(tasks, args.jobs, args.timeout)
-    from hfax import plugins
-
+    backends, unavailable = usable_backends()
     meta = {
         "generated": datetime.date.today().isoformat(),
         "minutes": round((time.monotonic() - started) / 60, 1),
         "versions": versions(),
-        "backends": sorted(plugins.backends()),
+        "backends": backends,
+        "unavailable": unavailable,
     }
     path = args.out / "coverage.json"
     previous = json.loads(path.read_text()) if path.exists() else None

@@ -316,4 +316,6 @@ def _jax(value: np.ndarray) -> Any:
 
 
 def _no_cache(model: Any) -> dict[str, Any]:
-    return {"use_cache": False} if model.accepts("use_cache") else {}
+    from hfax.generation import accepts
+
+    return {"use_cache": False} if accepts(model.module, "use_cache") else {}
