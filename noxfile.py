@@ -286,3 +286,15 @@ def demo(session: nox.Session) -> None:
     packages = [str(PACKAGES / package) for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """The architecture coverage sweep (tools/coverage.py, about an hour on two cores): writes docs/COVERAGE.md
+    and docs/coverage.json. Not in the CI set: CI runs tests/test_coverage.py, a sample and the floor.
+
+    ``nox -s coverage -- --only llama,gpt2`` runs some architectures and writes nothing.
+    """
+    editables = [arg for package in INTEGRATED for arg in ("-e", str(PACKAGES / package))]
+    session.install("-c", str(CONSTRAINTS), *editables)
+    session.run("python", str(ROOT / "tools" / "coverage.py"), *session.posargs, env=TEST_ENV)
