@@ -2,6 +2,7 @@
 
     python tools/coverage.py                       # the full sweep; writes docs/COVERAGE.md and docs/coverage.json
     python tools/coverage.py --only llama,gpt2     # some architectures, printed, nothing written
+    python tools/coverage.py --kinds causal        # the causal rows again; the other kinds' rows are kept
     nox -s coverage                                # the full sweep in its own environment
 
 Rows are the architectures of transformers' auto mappings: causal LM (``AutoModelForCausalLM``), encoder
@@ -271,6 +272,14 @@ def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous
         for name in ["reference"] + [f"{b}.{c}" for b in backends for c in checks]:
             totals[name] = sum(r["status"][name] == "pass" for r in rows.values())
         document["totals"][kind] = totals
+    # A run of some kinds (--kinds causal) keeps the other kinds' rows from the previous run, if it had the same backends.
+    carried = dict((previous or {}).get("carried", {}))
+    for kind, section in (previous or {}).get("kinds", {}).items():
+        if kind not in document["kinds"] and kind in KINDS and previous["backends"] == backends:
+            document["kinds"][kind] = section
+            document["totals"][kind] = previous["totals"][kind]
+            carried.setdefault(kind, previous["generated"])
+    document["carried"] = {kind: date for kind, date in carried.items() if kind not in results and kind in document["kinds"]}
     old_floor = (previous or {}).get("floor", {})
     for key in FLOOR_CHECKS:
         kind, check = key.split(".")
@@ -294,7 +303,9 @@ def render(document: dict[str, Any]) -> str:
         "",
         f"transformers {document['versions']['transformers']}, torch {document['versions']['torch']}, "
         f"jax {document['versions']['jax']}, torchax {document['versions']['torchax']}; "
-        f"generated {document['generated']} in {document['minutes']} min.",
+        f"generated {document['generated']} in {document['minutes']} min"
+        + "".join(f"; the {kind} rows by the run of {date}" for kind, date in sorted(document.get("carried", {}).items()))
+        + ".",
         "",
         *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}." for name, why in
           sorted(document.get("unavailable", {}).items())],
