@@ -47,6 +47,17 @@ def test_sliding_and_full_layers(tmp_path, window):
     assert_generates_like_transformers(config, tmp_path)
 
 
+def test_chunked_and_full_layers(tmp_path):
+    # Llama 4: chunked layers see only their chunk of 4 positions (counted from each row's first real token,
+    # so a left-padded row keeps its chunks); the full layer sees everything.
+    config = transformers.Llama4TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_chunk_size=4, num_local_experts=2,
+        layer_types=["chunked_attention", "full_attention"], no_rope_layers=[1, 0], moe_layers=[],
+    )  # fmt: skip
+    assert_generates_like_transformers(config, tmp_path)
+
+
 def test_recurrent_layers(tmp_path):
     # Mamba: conv and SSM states instead of keys and values, taken as `cache_params`, and no attention at all.
     config = transformers.MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4)
