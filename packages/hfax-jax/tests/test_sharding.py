@@ -134,7 +134,7 @@ def test_tied_embeddings_stay_one_replicated_array_when_the_vocabulary_does_not_
 
 def program_arguments(model: Any) -> tuple[tuple[Any, ...], Any]:
     """The generate program's arguments for ``PROMPTS``, as ``generate`` builds them."""
-    ids, mask, settings = generation.resolve(model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS})
+    ids, mask, settings = generation.resolve(model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS}, generation.OPTIONAL)
     return generation._arguments(model, ids, mask, settings)
 
 
