@@ -9,6 +9,7 @@ decoder layer costs the two all-reduces of its row-parallel projections. Results
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -51,15 +52,37 @@ LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
 }
 
 
+def _attend_written(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """Attention over keys and values a slot-cache write returned, read around the write (``cache.attend``);
+    ``None`` for any other call."""
+    from hfax.backends.jax import cache
+    from hfax.backends.jax.runtime import torchax
+
+    keys, values = cache.written(key), cache.written(value)
+    if keys is None or values is None or attn_mask is None or is_causal or dropout_p:
+        return None
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return torchax.interop.call_jax(functools.partial(cache.attend, scale=scale), query, keys, values, attn_mask)
+
+
+#: torch functions whose lowering first tries one that needs the torch arguments themselves; ``None`` declines.
+TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {torch.nn.functional.scaled_dot_product_attention: _attend_written}
+
+
 def install(environment: Any) -> None:
     """Register :data:`LOWERINGS` in a torchax environment (idempotent)."""
 
-    def lowered(fn: Callable[..., jax.Array]) -> Callable[..., Any]:
+    def lowered(function: Any, fn: Callable[..., jax.Array]) -> Callable[..., Any]:
+        first = TORCH_LOWERINGS.get(function)
+
         def run(*args: Any, **kwargs: Any) -> Any:
+            if first is not None and (result := first(*args, **kwargs)) is not None:
+                return result
             args, kwargs = environment.t2j_iso((args, kwargs))
             return environment.j2t_iso(fn(*args, **kwargs))
 
         return run
 
     for function, fn in LOWERINGS.items():
-        environment.override_op_definition(function, lowered(fn))
+        environment.override_op_definition(function, lowered(function, fn))
