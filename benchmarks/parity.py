@@ -4,9 +4,11 @@
     python benchmarks/parity.py --dtypes float32,bfloat16 --new-tokens 24
 
 Each tiny model (random weights, saved and loaded from a temp dir) continues a left-padded batch of three
-prompts with transformers on PyTorch/CPU and with hfax (whole-program and streamed); every new token must
-match. A quick check to run after changing generation, the cache, masks or attention; the tests under
-packages/ hold the same promise for the families they cover.
+prompts with transformers on PyTorch/CPU and with hfax (whole-program, streamed, and the first prompt
+alone). In float32 every new token must match; in 16-bit types, where PyTorch's and XLA's kernels round
+differently and near-ties flip, the first difference is reported without failing. A quick check to run
+after changing generation, the cache, masks or attention; the tests under packages/ hold the same
+promise for the families they cover.
 """
 
 from __future__ import annotations
@@ -96,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes.split(","):
         for name in args.families.split(","):
             failures = check(name, table[name], dtype, args.new_tokens)
-            failed |= bool(failures)
-            print(f"{name:<12} {dtype:<9} {'ok' if not failures else 'MISMATCH: ' + '; '.join(failures)}", flush=True)
+            exact = dtype == "float32"
+            failed |= exact and bool(failures)
+            verdict = "ok" if not failures else ("MISMATCH: " if exact else "differs (rounding): ") + "; ".join(failures)
+            print(f"{name:<12} {dtype:<9} {verdict}", flush=True)
     return 1 if failed else 0
 
 

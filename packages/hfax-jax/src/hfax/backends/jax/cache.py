@@ -72,7 +72,7 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, length = *key_states.shape[:2], self.cache.length
-        options = dict(dtype=key_states.dtype, device=key_states.device)
+        options = dict(dtype=self.cache.dtype or key_states.dtype, device=key_states.device)
         keys_shape = (length, key_states.shape[-1])[:: -1 if self.cache.in_place else 1]
         self.keys = torch.zeros((batch, heads, *keys_shape), **options)
         self.values = torch.zeros((batch, heads, length, value_states.shape[-1]), **options)
@@ -126,15 +126,22 @@ class SlotCache(Cache):
     ``in_place`` arranges the reads and writes for in-place updates and stores keys transposed (see the
     module's docstring). It is for one device: on a mesh, ordering the writes after the logits, regrouping
     heads and the transposed layout cost collectives; there keys are ``[batch, kv_heads, length,
-    head_dim]`` and attention reads the updated buffers.
+    head_dim]`` and attention reads the updated buffers. ``dtype`` is the new buffers' type (``None``: the
+    keys' and values' own; see :func:`buffer_dtype`).
     """
 
     def __init__(
-        self, length: int, write_slot: torch.Tensor, buffers: list[tuple[Any, Any]] | None = None, in_place: bool = True
+        self,
+        length: int,
+        write_slot: torch.Tensor,
+        buffers: list[tuple[Any, Any]] | None = None,
+        in_place: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.length = length
         self.write_slot = write_slot
         self.in_place = in_place
+        self.dtype = dtype
         if buffers is None:
             super().__init__(layer_class_to_replicate=lambda: SlotLayer(self))
         else:
@@ -150,6 +157,18 @@ class SlotCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
         return self.write_slot
+
+
+def buffer_dtype(model_dtype: Any, platform: str) -> torch.dtype | None:
+    """The type to keep keys and values in: float32 for a 16-bit model on CPU, else the model's (``None``).
+
+    XLA:CPU multiplies 16-bit floats by converting both operands to float32; for attention that is the
+    whole cache, every step: reading 2 bytes, writing 4 and reading them again per element, where a
+    float32 cache is read once at 4. The values stored are the model's 16-bit ones, exactly.
+    """
+    if platform == "cpu" and jnp.issubdtype(model_dtype, jnp.floating) and jnp.finfo(model_dtype).bits < 32:
+        return torch.float32
+    return None
 
 
 def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
