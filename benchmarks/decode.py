@@ -601,7 +601,7 @@ first call took beyond a steady one); *cached*: the same in a second process wit
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, among {', '.join(MODELS)}")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, among {', '.join(ENGINES)}")
     parser.add_argument("--dtypes", default="float32,bfloat16")
