@@ -24,6 +24,7 @@ kv_heads, head_dim, length]``, the layout in which ``q @ k^T`` reads them withou
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -180,6 +181,15 @@ def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
     return jnp.minimum(index, index + jnp.isnan(value).any().astype(index.dtype))
 
 
+def attention(query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float) -> torch.Tensor | None:
+    """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
+    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
+    keys, values = written(key), written(value)
+    if keys is None or values is None or mask is None:
+        return None
+    return torchax.interop.call_jax(functools.partial(attend, scale=scale), query, keys, values, mask)
+
+
 def attend(query: jax.Array, keys: Written, values: Written, mask: jax.Array, scale: float) -> jax.Array:
     """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
 
@@ -194,6 +204,8 @@ def attend(query: jax.Array, keys: Written, values: Written, mask: jax.Array, sc
     groups = heads // kv_heads
     # Grouped heads share their key/value head: attend with [batch, kv_heads, groups * q] queries, no repeat.
     q = query.reshape(batch, kv_heads, groups * length_q, dim)
+    if mask.dtype == jnp.bool_:
+        mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
     mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(batch, kv_heads, groups * length_q, -1)
     scores = [jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
               + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)]  # fmt: skip

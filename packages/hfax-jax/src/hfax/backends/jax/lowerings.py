@@ -9,7 +9,6 @@ decoder layer costs the two all-reduces of its row-parallel projections. Results
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable
 
@@ -96,13 +95,10 @@ def _attend_written(query: Any, key: Any, value: Any, attn_mask: Any = None, dro
     """Attention over keys and values a slot-cache write returned, read around the write (``cache.attend``);
     ``None`` for any other call."""
     from hfax.backends.jax import cache
-    from hfax.backends.jax.runtime import torchax
 
-    keys, values = cache.written(key), cache.written(value)
-    if keys is None or values is None or attn_mask is None or is_causal or dropout_p:
+    if is_causal or dropout_p:
         return None
-    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-    return torchax.interop.call_jax(functools.partial(cache.attend, scale=scale), query, keys, values, attn_mask)
+    return cache.attention(query, key, value, attn_mask, 1 / math.sqrt(query.shape[-1]) if scale is None else scale)
 
 
 #: torch functions whose lowering first tries one that needs the torch arguments themselves; ``None`` declines.
