@@ -25,7 +25,7 @@ import torch
 
 from hfax import masks
 from hfax.backends.jax import mesh, monitor
-from hfax.backends.jax.cache import SlotCache
+from hfax.backends.jax.cache import SlotCache, buffer_dtype
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, pad_prompts, resolve
 
@@ -46,7 +46,8 @@ def _step(model: Any, static: Static, params: Any, buffers: Any, ids: Any, posit
     tparams, tids, tpositions, tvalid, tslots, tbuffers = to_tensor((params, ids, positions, valid, slots, buffers))
     with env():
         tmask = masks.build(dict(static.windows), tvalid, tslots, model.module.dtype)
-        cache = SlotCache(valid.shape[1], tslots[0], tbuffers)
+        dtype = buffer_dtype(model.dtype, model.platform)
+        cache = SlotCache(valid.shape[1], tslots[0], tbuffers, in_place=model.mesh is None, dtype=dtype)
         kwargs: dict[str, Any] = dict(input_ids=tids, attention_mask=tmask, past_key_values=cache, use_cache=True)
         if static.pass_positions:
             kwargs["position_ids"] = tpositions
@@ -54,7 +55,7 @@ def _step(model: Any, static: Static, params: Any, buffers: Any, ids: Any, posit
             kwargs["logits_to_keep"] = 1
         output = torch.func.functional_call(model.module, tparams, (), kwargs, tie_weights=True, strict=False)
         logits = output.logits[:, -1, :]
-        new_buffers = to_array(cache.buffers())
+        new_buffers = to_array(cache.buffers(after=output.logits))
     if model.mesh is not None:  # heads over `model`, rows over the batch axes, in prefill and every decode step
         new_buffers = mesh.constrain(new_buffers, functools.partial(mesh.cache_sharding, model.mesh))
     return to_array(logits).astype(jnp.float32), new_buffers
