@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 import time
 from typing import Any, Optional
 
@@ -184,6 +185,32 @@ def chat_command(
         output = _generate(loaded, tokenizer, input_ids, {"max_new_tokens": max_new_tokens})
         reply = tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
         messages.append({"role": "assistant", "content": reply.strip()})
+
+
+@app.command(
+    "bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
+def bench_command(ctx: typer.Context) -> None:
+    """Benchmark hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).
+
+    Every option goes to the script: `hfax bench --help` lists them. It runs from a source checkout (the
+    current directory's or the one hfax is installed from, editable).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    candidates = [Path.cwd() / "benchmarks" / "decode.py", Path(__file__).resolve().parents[4] / "benchmarks" / "decode.py"]
+    script = next((path for path in candidates if path.is_file()), None)
+    if script is None:
+        raise typer.BadParameter(
+            "hfax bench runs benchmarks/decode.py from hfax's source: run it from a checkout of the repository "
+            f"(looked for {' and '.join(map(str, candidates))})"
+        )
+    spec = importlib.util.spec_from_file_location("hfax_benchmark_decode", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    raise typer.Exit(module.main(ctx.args))
 
 
 def main() -> None:

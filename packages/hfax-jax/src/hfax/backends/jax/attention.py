@@ -6,7 +6,9 @@ to ``-inf``. A query that may see no key (every
 padding position of a left-padded batch) then gets a softmax of ``-inf`` only: NaN, which flows through
 the padding keys of the next layer into every real token of that row. PyTorch gives finite values there.
 Here masks are additive and finite (transformers' ``eager_mask``, or hfax's own in ``generate``), logits
-and softmax are float32, and grouped key/value heads are attended without repeating them.
+and softmax are float32, and grouped key/value heads are attended without repeating them. Keys and values
+fresh from hfax's slot cache are read around the cache write (``cache.attention``), which lets the
+decode loop update the cache in place.
 
 transformers picks a model's attention function by name (``config._attn_implementation``) from its
 ``AttentionInterface`` registry. A family plugin switches the models it has tested to this one with
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from hfax.backends.jax import cache
 from hfax.backends.jax.runtime import torchax
 
 #: The name models are switched to (``config._attn_implementation``).
@@ -59,6 +62,9 @@ def attention_forward(
     if kwargs.get("softcap") is not None:
         raise ValueError("hfax_jax attention has no logit soft-capping; keep this model on eager attention")
     options: dict[str, Any] = {"scale": scaling if scaling is not None else query.shape[-1] ** -0.5}
+    around_write = cache.attention(query, key, value, attention_mask, options["scale"])
+    if around_write is not None:
+        return around_write.transpose(1, 2), None
     if attention_mask is None:
         causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and query.shape[2] > 1
         options["is_causal"] = causal

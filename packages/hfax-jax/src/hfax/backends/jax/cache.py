@@ -14,10 +14,24 @@ The layers follow the model's config the way transformers' caches do (``get_laye
 attention layers get slot buffers, linear-attention layers (Mamba, convolutions, gated delta nets) their
 fixed-size conv and recurrent states, hybrid layers both, and layers that read another layer's cache
 nothing. Every layer's arrays travel between compiled steps as ``state()`` dicts.
+
+Writing without copies (decoder-only models whose layers are all attention, on one device). Inside the compiled decode loop a buffer is updated in place only if XLA can
+see that every read of its old contents happens before the write. Two things defeat that: attention
+reading the updated buffer (XLA:CPU then fuses the update into each reader and copies the buffer for
+each), and reads of the old buffer that the write does not depend on (XLA then copies the buffer to keep
+the old contents). Either way every buffer is copied several times per step: at long prompts as many
+bytes as the weights. So ``update`` returns the updated buffers (correct for any attention) tagged with
+what it wrote (:class:`Written`); hfax's attention (:func:`attend`) reads the buffers as they were plus
+the new keys and values beside them, and the buffers the next step gets (``SlotCache.buffers``) are
+written after the step's logits exist (:func:`ordered_after`). Keys are stored transposed, ``[batch,
+kv_heads, head_dim, length]``, the layout in which ``q @ k^T`` reads them without a copy; values
+``[batch, kv_heads, length, head_dim]``. The model sees both as ``[batch, kv_heads, length, head_dim]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -26,6 +40,30 @@ import torch
 from hfax.backends.jax.runtime import torchax
 from transformers import cache_utils
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
+
+
+_WRITTEN = "_hfax_written"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What one ``SlotLayer.update`` did to one buffer: its contents before (``None`` when it was new) and
+    the ``[batch, kv_heads, n, head_dim]`` states written from ``slot``."""
+
+    before: Any
+    states: Any
+    slot: Any
+
+
+def written(tensor: Any) -> Written | None:
+    """The write behind a key or value tensor a ``SlotLayer`` returned, if ``tensor`` is one, unchanged."""
+    return getattr(tensor, _WRITTEN, None)
+
+
+def _tagged(tensor: torch.Tensor, write: Written) -> torch.Tensor:
+    setattr(tensor, _WRITTEN, write)
+    return tensor
 
 
 class SlotLayer(CacheLayerMixin):
@@ -38,22 +76,44 @@ class SlotLayer(CacheLayerMixin):
         super().__init__()
         self.cache = cache
         self.is_sliding = is_sliding
-        self.keys, self.values = keys, values
+        self.keys, self.values = keys, values  # as they were before this step's write
         self.is_initialized = keys is not None
+        self.fresh = False
+        self.states: tuple[Any, Any] | None = None  # this step's keys and values, written by `written`
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads = key_states.shape[:2]
-        shape = (batch, heads, self.cache.length)
-        self.keys = torch.zeros(shape + key_states.shape[-1:], dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(shape + value_states.shape[-1:], dtype=value_states.dtype, device=value_states.device)
-        self.is_initialized = True
+        batch, heads, length = *key_states.shape[:2], self.cache.length
+        options = dict(dtype=self.cache.dtype or key_states.dtype, device=key_states.device)
+        keys_shape = (length, key_states.shape[-1])[:: -1 if self.cache.in_place else 1]
+        self.keys = torch.zeros((batch, heads, *keys_shape), **options)
+        self.values = torch.zeros((batch, heads, length, value_states.shape[-1]), **options)
+        self.is_initialized = self.fresh = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = _write(self.keys, key_states, self.cache.write_slot)
-        self.values = _write(self.values, value_states, self.cache.write_slot)
-        return self.keys, self.values
+        self.states = (key_states, value_states)
+        slot = self.cache.write_slot
+        keys, values = self.written(slot)
+        if not self.cache.in_place:
+            self.keys, self.values, self.states = keys, values, None
+            return keys, values
+        return (
+            _tagged(keys.transpose(2, 3), Written(None if self.fresh else self.keys, key_states, slot)),
+            _tagged(values, Written(None if self.fresh else self.values, value_states, slot)),
+        )
+
+    def written(self, slot: torch.Tensor) -> tuple[Any, Any]:
+        """The ``(keys, values)`` buffers with this step's states written from ``slot``."""
+        if self.states is None:
+            return self.keys, self.values
+        key_states, value_states = self.states
+        if self.cache.in_place:
+            keys = _write(self.keys, key_states.transpose(2, 3), slot, axis=3)
+        else:
+            keys = _write(self.keys, key_states, slot, axis=2)
+        return keys, _write(self.values, value_states, slot, axis=2)
+
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cache.length, 0
@@ -64,8 +124,12 @@ class SlotLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.cache.length
 
-    def state(self) -> dict[str, Any]:
-        return {"keys": self.keys, "values": self.values} if self.is_initialized else {}
+    def state(self, slot: Any = None) -> dict[str, Any]:
+        """The buffers with this step's write (from ``slot``, default the cache's write slot)."""
+        if not self.is_initialized:
+            return {}
+        keys, values = self.written(self.cache.write_slot if slot is None else slot)
+        return {"keys": keys, "values": values}
 
 
 class SlotIndexedLayer(SlotLayer):
@@ -83,8 +147,8 @@ class SlotIndexedLayer(SlotLayer):
         self.indexer_keys = _write(self.indexer_keys, indexer_key_states, self.cache.write_slot, axis=1)
         return self.indexer_keys
 
-    def state(self) -> dict[str, Any]:
-        state = super().state()
+    def state(self, slot: Any = None) -> dict[str, Any]:
+        state = super().state(slot)
         return state if self.indexer_keys is None else {**state, "indexer_keys": self.indexer_keys}
 
 
@@ -137,7 +201,7 @@ class SlotLinearLayer(LinearAttentionLayer):
         self.recurrent_states[state_idx] = recurrent_states
         return recurrent_states
 
-    def state(self) -> dict[str, Any]:
+    def state(self, slot: Any = None) -> dict[str, Any]:
         return {
             kind: {i: s for i, s in getattr(self, f"{kind}_states").items() if getattr(self, f"is_{kind}_states_initialized")[i]}
             for kind in ("conv", "recurrent")
@@ -159,8 +223,8 @@ class SlotHybridLayer(SlotLinearLayer, SlotLayer):
         else:
             SlotLinearLayer.lazy_initialization(self, *args, **kwargs)
 
-    def state(self) -> dict[str, Any]:
-        return {**SlotLayer.state(self), **SlotLinearLayer.state(self)}
+    def state(self, slot: Any = None) -> dict[str, Any]:
+        return {**SlotLayer.state(self, slot), **SlotLinearLayer.state(self)}
 
 
 def _write(buffer: torch.Tensor, states: torch.Tensor, slot: Any, axis: int = 2) -> torch.Tensor:
@@ -195,12 +259,21 @@ class SlotCache(Cache):
     ``write_slot`` is where this step's tokens go (a Python int for the prefill, which starts at 0, so
     models that branch on an empty cache can; a traced 0-d tensor when decoding). ``types`` come from
     :func:`layer_types`; ``states`` are the layers' ``state()`` from the previous step.
+
+    ``in_place`` arranges the reads and writes for in-place updates and stores keys transposed (see the
+    module's docstring): for decoder-only models whose layers are all attention, on one device (on a mesh,
+    ordering the writes after the logits, regrouping heads and the transposed layout cost collectives).
+    Otherwise keys are ``[batch, kv_heads, length, head_dim]`` and attention reads the updated buffers.
+    ``dtype`` is the new buffers' type (``None``: the keys' and values' own; see :func:`buffer_dtype`).
     """
 
     def __init__(self, length: int, write_slot: Any, types: tuple[tuple[str, int], ...] | None = None,
-                 states: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+                 states: list[dict[str, Any]] | None = None, in_place: bool = False,
+                 dtype: torch.dtype | None = None) -> None:  # fmt: skip
         self.length = length
         self.write_slot = write_slot
+        self.in_place = in_place
+        self.dtype = dtype
         if types is None:
             if states is None:
                 super().__init__(layer_class_to_replicate=lambda: SlotLayer(self))
@@ -227,9 +300,13 @@ class SlotCache(Cache):
             f"{sorted([*ATTENTION_TYPES, *INDEXED_TYPES, *LINEAR_TYPES, *HYBRID_TYPES, 'dummy'])}"
         )
 
-    def states(self) -> list[dict[str, Any]]:
-        """Every layer's arrays, in layer order (``{}`` for a layer that holds none)."""
-        return [layer.state() if hasattr(layer, "state") else {} for layer in self.layers]
+    def states(self, after: Any = None) -> list[dict[str, Any]]:
+        """Every layer's arrays with this step's writes, in layer order (``{}`` for a layer that holds none);
+        when ``in_place``, written once ``after`` (the step's logits) is computed."""
+        slot = self.write_slot
+        if self.in_place and after is not None:
+            slot = torchax.interop.call_jax(ordered_after, slot, after)
+        return [layer.state(slot) if hasattr(layer, "state") else {} for layer in self.layers]
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
         return self.write_slot
@@ -242,14 +319,78 @@ class SlotCache(Cache):
 SLOT_AXES = {"keys": 2, "values": 2, "indexer_keys": 1}
 
 
-def grow(states: list[dict[str, Any]], extra: int) -> list[dict[str, Any]]:
-    """Layer states (JAX arrays) with ``extra`` empty slots appended to every per-slot array."""
+def grow(states: list[dict[str, Any]], extra: int, in_place: bool = False) -> list[dict[str, Any]]:
+    """Layer states (JAX arrays) with ``extra`` empty slots appended to every per-slot array (``in_place``:
+    keys stored transposed, their slots last)."""
+    axes = {**SLOT_AXES, "keys": 3} if in_place else SLOT_AXES
 
     def pad(name: str, value: Any) -> Any:
-        if name not in SLOT_AXES:
+        if name not in axes:
             return value
         widths = [(0, 0)] * value.ndim
-        widths[SLOT_AXES[name]] = (0, extra)
+        widths[axes[name]] = (0, extra)
         return jnp.pad(value, widths)
 
     return [{name: pad(name, value) for name, value in state.items()} for state in states]
+
+
+def buffer_dtype(model_dtype: Any, platform: str) -> torch.dtype | None:
+    """The type to keep keys and values in: float32 for a 16-bit model on CPU, else the model's (``None``).
+
+    XLA:CPU multiplies 16-bit floats by converting both operands to float32; for attention that is the
+    whole cache, every step: reading 2 bytes, writing 4 and reading them again per element, where a
+    float32 cache is read once at 4. The values stored are the model's 16-bit ones, exactly.
+    """
+    if platform == "cpu" and jnp.issubdtype(model_dtype, jnp.floating) and jnp.finfo(model_dtype).bits < 32:
+        return torch.float32
+    return None
+
+
+def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
+    """``index``, made to depend on every element of ``value``.
+
+    XLA orders an in-place update after other reads of the buffer only when the update data-depends on
+    them; ``min(i, i + isnan(any))`` is always ``i`` but cannot be computed before ``value``.
+    """
+    index = jnp.asarray(index, jnp.int32)  # a traced slot, or the prefill's 0
+    return jnp.minimum(index, index + jnp.isnan(value).any().astype(index.dtype))
+
+
+def attention(query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float) -> torch.Tensor | None:
+    """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
+    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
+    keys, values = written(key), written(value)
+    if keys is None or values is None or mask is None:
+        return None
+    return torchax.interop.call_jax(functools.partial(attend, scale=scale), query, keys, values, mask)
+
+
+def attend(query: jax.Array, keys: Written, values: Written, mask: jax.Array, scale: float) -> jax.Array:
+    """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
+
+    ``query`` is ``[batch, heads, q, head_dim]`` (a multiple of the key/value heads, grouped as transformers'
+    ``repeat_kv`` groups them); ``keys``/``values`` hold JAX arrays; ``mask`` is additive and broadcasts to
+    ``[batch, heads, q, length]``. The slots being written are read from the new states, the others from
+    the buffers as they were. Returns ``[batch, heads, q, head_dim]``.
+    """
+    batch, heads, length_q, dim = query.shape
+    new_keys, new_values, slot = keys.states, values.states, keys.slot
+    kv_heads, written = new_keys.shape[1], new_keys.shape[2]
+    groups = heads // kv_heads
+    # Grouped heads share their key/value head: attend with [batch, kv_heads, groups * q] queries, no repeat.
+    q = query.reshape(batch, kv_heads, groups * length_q, dim)
+    if mask.dtype == jnp.bool_:
+        mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+    mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(batch, kv_heads, groups * length_q, -1)
+    scores = [jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
+              + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)]  # fmt: skip
+    if keys.before is not None:
+        slots = jnp.arange(mask.shape[-1])
+        stale = (slots >= slot) & (slots < slot + written)  # what the buffers held there is being replaced
+        old = jnp.einsum("bkqd,bkdl->bkql", q, keys.before, preferred_element_type=jnp.float32) * scale
+        scores.insert(0, jnp.where(stale, jnp.finfo(jnp.float32).min, old + mask))
+    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(new_values.dtype)
+    output = jnp.einsum("bkqn,bknd->bkqd", weights[..., -written:], new_values, preferred_element_type=jnp.float32)
+    if values.before is not None:
+        output += jnp.einsum("bkql,bkld->bkqd", weights[..., :-written], values.before, preferred_element_type=jnp.float32)
+    return output.astype(query.dtype).reshape(batch, heads, length_q, dim)

@@ -84,7 +84,10 @@ def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positi
             kwargs: dict[str, Any] = dict(decoder_input_ids=tids, decoder_attention_mask=tmask, attention_mask=tsource["mask"])
             kwargs["encoder_outputs"] = tsource["encoded"]
         else:
-            cache = slot_cache.SlotCache(length, tslot, static.layer_types, tstates) if static.cache_argument else None
+            cache = None
+            if static.cache_argument:
+                dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
+                cache = slot_cache.SlotCache(length, tslot, static.layer_types, tstates, in_place=_in_place(model, static), dtype=dtype)
             kwargs = dict(input_ids=tids, attention_mask=tmask)
         if cache is not None:
             kwargs.update({static.cache_argument: cache, "use_cache": True})
@@ -99,13 +102,20 @@ def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positi
             hidden = tsource["encoded"]
             pytrees.register(type(hidden))  # carried from step to step by the decode loop
         else:
-            new_states, hidden = (cache.states() if cache is not None else []), None
+            new_states, hidden = (cache.states(after=output.logits) if cache is not None else []), None
         logits, new_states, hidden = to_array((logits, new_states, hidden))
     if at is not None:
         logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
     if model.mesh is not None:  # heads over `model`, rows over the batch axes, in prefill and every decode step
         new_states = mesh.constrain(new_states, functools.partial(_state_sharding, model.mesh))
     return logits.astype(jnp.float32), new_states, hidden
+
+
+def _in_place(model: Any, static: Static) -> bool:
+    """Whether the slot cache updates in place (``cache.SlotCache``): a decoder-only model whose layers are all
+    attention, on one device."""
+    kinds = {kind for kind, _ in static.layer_types or ()}
+    return model.mesh is None and not static.encoder_decoder and kinds <= set(slot_cache.ATTENTION_TYPES)
 
 
 class _Encoder(torch.nn.Module):
@@ -195,7 +205,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     if static.encoder_decoder:
         states = {**states, "self": slot_cache.grow(states["self"], static.capacity)}
     else:
-        states = slot_cache.grow(states, static.capacity)
+        states = slot_cache.grow(states, static.capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     state = {"states": states, "tokens": tokens, "step": jnp.int32(1), "finished": finished, "valid": valid}

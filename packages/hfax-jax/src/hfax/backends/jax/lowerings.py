@@ -74,11 +74,50 @@ def grouped_mm(mat_a: jax.Array, mat_b: jax.Array, offs: jax.Array | None = None
     return out.astype(dtype)
 
 
+def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``torch.matmul``, accumulating 16-bit floats in float32 (see :func:`linear`)."""
+    dtype = jnp.result_type(a, b)
+    return jnp.matmul(a, b, preferred_element_type=_accumulator(dtype)).astype(dtype)
+
+
+def linear(input: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """``torch.nn.functional.linear``, accumulating 16-bit floats in float32.
+
+    The result is rounded to the inputs' type once, as XLA's own 16-bit dots do on every backend. Asked
+    for a bfloat16 result, XLA:CPU instead converts both operands to float32 first: the weights too,
+    costing more memory traffic than the product (in a loop the conversion is hoisted, but then a
+    program's every call converts every weight). Asked for float32 accumulation it multiplies bfloat16
+    weights as they are wherever its kernels can (two rows and more).
+    """
+    dtype = jnp.result_type(input, weight)
+    output = jnp.einsum("...a,ba->...b", input, weight, preferred_element_type=_accumulator(dtype)).astype(dtype)
+    return output if bias is None else output + bias
+
+
+def embedding(input: jax.Array, weight: jax.Array, padding_idx: int | None = None, *args: Any, **kwargs: Any) -> jax.Array:
+    """``torch.nn.functional.embedding`` (inference: ``padding_idx`` only matters to gradients).
+
+    16-bit rows are gathered through an integer view: XLA widens a gather whose result is widened (as every
+    decoder's first norm widens its input) by converting the whole table first, hoisted out of the decode
+    loop but paid by every call: a float32 copy of the vocabulary, for a few rows.
+    """
+    if jnp.issubdtype(weight.dtype, jnp.floating) and jnp.finfo(weight.dtype).bits == 16:
+        rows = jnp.take(jax.lax.bitcast_convert_type(weight, jnp.uint16), input, axis=0)
+        return jax.lax.bitcast_convert_type(rows, weight.dtype)
+    return jnp.take(weight, input, axis=0)
+
+
+def _accumulator(dtype: Any) -> Any:
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 else None
+
+
 #: torch functions and the JAX functions hfax lowers them to.
 LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
-    torch.matmul: jnp.matmul,
-    torch.Tensor.matmul: jnp.matmul,
-    torch.Tensor.__matmul__: jnp.matmul,
+    torch.matmul: matmul,
+    torch.Tensor.matmul: matmul,
+    torch.Tensor.__matmul__: matmul,
+    torch.nn.functional.linear: linear,
+    torch.nn.functional.embedding: embedding,
     torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
     torch._grouped_mm: grouped_mm,
     torch.ops.aten._grouped_mm.default: grouped_mm,
@@ -113,22 +152,41 @@ def type_as(self: Any, other: Any) -> Any:
 METHODS: dict[str, Callable[..., Any]] = {"type_as": type_as}
 
 
+def _attend_written(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """Attention over keys and values a slot-cache write returned, read around the write (``cache.attend``);
+    ``None`` for any other call."""
+    from hfax.backends.jax import cache
+
+    if is_causal or dropout_p:
+        return None
+    return cache.attention(query, key, value, attn_mask, 1 / math.sqrt(query.shape[-1]) if scale is None else scale)
+
+
+#: torch functions whose lowering first tries one that needs the torch arguments themselves; ``None`` declines.
+TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {torch.nn.functional.scaled_dot_product_attention: _attend_written}
+
+
 def install(environment: Any, tensor_class: Any = None) -> None:
-    """Register :data:`LOWERINGS` and :data:`IN_PLACE` in a torchax environment, and :data:`METHODS` on its
-    ``tensor_class`` (idempotent)."""
+    """Register :data:`LOWERINGS` (after :data:`TORCH_LOWERINGS`) and :data:`IN_PLACE` in a torchax environment,
+    and :data:`METHODS` on its ``tensor_class`` (idempotent)."""
     for name, method in METHODS.items():
         if tensor_class is not None:
             setattr(tensor_class, name, method)
 
-    def lowered(fn: Callable[..., jax.Array]) -> Callable[..., Any]:
+    def lowered(function: Any, fn: Callable[..., jax.Array]) -> Callable[..., Any]:
+        first = TORCH_LOWERINGS.get(function)
+
         def run(*args: Any, **kwargs: Any) -> Any:
+            if first is not None and (result := first(*args, **kwargs)) is not None:
+                return result
             args, kwargs = environment.t2j_iso((args, kwargs))
             return environment.j2t_iso(fn(*args, **kwargs))
 
         return run
 
     for function, fn in LOWERINGS.items():
-        environment.override_op_definition(function, lowered(fn))
+        environment.override_op_definition(function, lowered(function, fn))
     for op, wrap in IN_PLACE.items():
         original = environment._ops.get(op) or environment._ops[op.overloadpacket]
         if not getattr(original.func, "hfax_wrapped", False):

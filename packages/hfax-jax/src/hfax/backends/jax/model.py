@@ -57,6 +57,12 @@ class JaxModel:
         floats = [p.dtype for p in self.params.values() if jnp.issubdtype(p.dtype, jnp.floating)]
         return floats[0] if floats else jnp.float32
 
+    @property
+    def platform(self) -> str:
+        """Where the weights live: ``"cpu"``, ``"tpu"``, ``"gpu"``."""
+        first = next(iter(self.params.values()), None)
+        return next(iter(first.devices())).platform if first is not None else jax.default_backend()
+
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.params.values())
 
