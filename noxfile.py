@@ -281,6 +281,22 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session(reuse_venv=True)
+def bench(session: nox.Session) -> None:
+    """Decode speed of hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).
+
+    ``nox -s bench`` measures everything and rewrites docs/PERFORMANCE.md; ``nox -s bench -- --models llama
+    --batch 1`` narrows it (``-- --help`` lists the options). ``nox -s bench -- soak`` runs benchmarks/soak.py.
+    Not in the CI set: timings are measured by this script in one run, never asserted by tests.
+    """
+    packages = [str(PACKAGES / package) for package in INTEGRATED]
+    session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
+    if session.posargs[:1] == ["soak"]:
+        session.run("python", str(ROOT / "benchmarks" / "soak.py"), *session.posargs[1:])
+    else:
+        session.run("python", str(ROOT / "benchmarks" / "decode.py"), *session.posargs)
+
+
+@nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
     packages = [str(PACKAGES / package) for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.backends.jax import generation, layout, pytrees
+from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 
@@ -83,10 +83,16 @@ class JaxModel:
         return pytrees.to_jax(output, to_array)
 
     def program(self, name: str, fn: Callable[..., Any], donate: tuple[str, ...] = ()) -> Callable[..., Any]:
-        """``fn(self, ...)`` compiled once per model through the compile-step hook; ``static`` is static."""
+        """``fn(self, ...)`` compiled through the compile-step hook; ``static`` is static. Traced once per argument
+        signature, and kept traced on disk for later processes (see ``programs.py``)."""
         if name not in self._programs:
-            self._programs[name] = self._compile_step(
+            jitted = self._compile_step(
                 functools.partial(fn, self), name=name, static_argnames=("static",), donate_argnames=donate
+            )
+            positional = [p for p in list(inspect.signature(fn).parameters)[1:] if p != "static"]
+            fingerprint = functools.partial(programs.model_fingerprint, self.module, self.family)
+            self._programs[name] = programs.Program(
+                name, jitted, fingerprint, tuple(positional.index(d) for d in donate), label=fn.__name__
             )
         return self._programs[name]
 
