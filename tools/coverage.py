@@ -329,9 +329,8 @@ def render(document: dict[str, Any]) -> str:
         + "".join(f"; re-run on {date}: {', '.join(rows)}" for date, rows in sorted(document.get("rerun", {}).items()))
         + ".",
         "",
-        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}." for name, why in
+        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}.\n" for name, why in
           sorted(document.get("unavailable", {}).items())],
-        "",
         "Every architecture of transformers' auto mappings, as a tiny random model (hidden size 64, 2 layers, 4 "
         "heads, 2 KV heads, vocabulary 256; `tools/tiny_configs.py`), saved and loaded with `from_pretrained`, "
         "float32. Each check compares hfax with the same weights run by PyTorch on CPU:",
