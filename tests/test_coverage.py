@@ -74,3 +74,26 @@ def test_sample_still_passes():
                 error = row["errors"].get(check) or row["errors"].get("_") or row["status"].get(check, "not run")
                 regressions.append(f"{kind} {arch} {check}: {error}")
     assert not regressions, "recorded as passing in docs/coverage.json, failing now:\n" + "\n".join(regressions)
+
+
+def test_a_run_of_some_kinds_keeps_the_other_kinds_rows():
+    meta = {"generated": "2026-01-02", "minutes": 1.0, "versions": DOCUMENT["versions"], "backends": ["jax"], "unavailable": {}}
+    row = {"status": {"reference": "pass"}, "errors": {}, "seconds": 1.0}
+    previous = coverage.summarize({"causal": {"llama": row}, "encoder": {"bert": row}}, {**meta, "generated": "2026-01-01"}, None)
+    again = coverage.summarize({"causal": {"llama": row}}, meta, previous)
+    assert again["kinds"]["encoder"] == previous["kinds"]["encoder"] and again["carried"] == {"encoder": "2026-01-01"}
+    assert "the encoder rows by the run of 2026-01-01" in coverage.render(again)
+    other_backends = coverage.summarize({"causal": {"llama": row}}, {**meta, "backends": ["jax", "torch_xla"]}, previous)
+    assert "encoder" not in other_backends["kinds"]  # rows without the new backend's columns are not kept
+
+
+def test_merge_replaces_the_rows_it_ran_again():
+    meta = {"generated": "2026-01-02", "minutes": 1.0, "versions": DOCUMENT["versions"], "backends": ["jax"], "unavailable": {}}
+    passing = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
+    failing = {"status": {"reference": "fail"}, "errors": {"reference": "boom"}, "seconds": 1.0}
+    previous = coverage.summarize({"causal": {"llama": failing, "gpt2": passing}}, {**meta, "generated": "2026-01-01"}, None)
+    merged = coverage.summarize({"causal": {"llama": passing}}, meta, previous, merge=True)
+    assert merged["kinds"]["causal"]["rows"]["llama"]["status"]["jax.load"] == "pass"
+    assert merged["kinds"]["causal"]["rows"]["gpt2"] == previous["kinds"]["causal"]["rows"]["gpt2"]
+    assert merged["totals"]["causal"]["jax.load"] == 2 and merged["generated"] == "2026-01-01"
+    assert "re-run on 2026-01-02: causal/llama" in coverage.render(merged)

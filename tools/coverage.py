@@ -3,6 +3,7 @@
     python tools/coverage.py                       # the full sweep; writes docs/COVERAGE.md and docs/coverage.json
     python tools/coverage.py --only llama,gpt2     # some architectures, printed, nothing written
     python tools/coverage.py --kinds causal        # the causal rows again; the other kinds' rows are kept
+    python tools/coverage.py --only rwkv --merge   # re-run some rows of the written matrix after a fix
     nox -s coverage                                # the full sweep in its own environment
 
 Rows are the architectures of transformers' auto mappings: causal LM (``AutoModelForCausalLM``), encoder
@@ -225,6 +226,11 @@ def worker_main() -> None:
 # ----------------------------------------------------------------------------------------------- report
 
 
+def _as_result(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of a written document as :func:`sweep` returns it."""
+    return {"status": dict(row["status"]), "errors": row["errors"], "seconds": row["seconds"]}
+
+
 def complete(kind: str, row: dict[str, Any], backends: list[str], checks: Iterable[str]) -> dict[str, str]:
     """Every check of a row, a timeout or crash charged to the first check that did not report."""
     status = dict(row["status"])
@@ -252,12 +258,27 @@ def cause(message: str) -> str:
     return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", message)[:160]
 
 
-def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
-    """The machine-readable matrix: rows with every check's state, totals, and the ratcheted floor."""
+def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous: dict[str, Any] | None,
+              merge: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The machine-readable matrix: rows with every check's state, totals, and the ratcheted floor.
+
+    ``merge``: ``results`` re-ran some architectures; their rows replace the previous run's, the others stay
+    (the previous run must have had the same backends), and ``rerun`` records which rows ran when.
+    """
     from coverage_checks import KINDS
 
     backends = meta["backends"]
     document: dict[str, Any] = {**meta, "kinds": {}, "totals": {}, "floor": {}}
+    ran = set() if merge else set(results)  # kinds this run swept whole
+    if merge:
+        if previous is None or previous["backends"] != backends:
+            raise ValueError("--merge needs a previous coverage.json of the same backends to merge into")
+        document.update({key: previous[key] for key in ("generated", "minutes", "versions", "unavailable") if key in previous})
+        document["rerun"] = {**previous.get("rerun", {})}
+        for kind, archs in results.items():
+            document["rerun"].setdefault(meta["generated"], []).extend(f"{kind}/{arch}" for arch in sorted(archs))
+        results = {kind: {**{arch: _as_result(row) for arch, row in previous["kinds"].get(kind, {}).get("rows", {}).items()},
+                          **results.get(kind, {})} for kind in {*results, *previous["kinds"]}}  # fmt: skip
     for kind in KINDS:
         if kind not in results:
             continue
@@ -279,7 +300,7 @@ def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous
             document["kinds"][kind] = section
             document["totals"][kind] = previous["totals"][kind]
             carried.setdefault(kind, previous["generated"])
-    document["carried"] = {kind: date for kind, date in carried.items() if kind not in results and kind in document["kinds"]}
+    document["carried"] = {kind: date for kind, date in carried.items() if kind not in ran and kind in document["kinds"]}
     old_floor = (previous or {}).get("floor", {})
     for key in FLOOR_CHECKS:
         kind, check = key.split(".")
@@ -305,11 +326,11 @@ def render(document: dict[str, Any]) -> str:
         f"jax {document['versions']['jax']}, torchax {document['versions']['torchax']}; "
         f"generated {document['generated']} in {document['minutes']} min"
         + "".join(f"; the {kind} rows by the run of {date}" for kind, date in sorted(document.get("carried", {}).items()))
+        + "".join(f"; re-run on {date}: {', '.join(rows)}" for date, rows in sorted(document.get("rerun", {}).items()))
         + ".",
         "",
-        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}." for name, why in
+        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}.\n" for name, why in
           sorted(document.get("unavailable", {}).items())],
-        "",
         "Every architecture of transformers' auto mappings, as a tiny random model (hidden size 64, 2 layers, 4 "
         "heads, 2 KV heads, vocabulary 256; `tools/tiny_configs.py`), saved and loaded with `from_pretrained`, "
         "float32. Each check compares hfax with the same weights run by PyTorch on CPU:",
@@ -378,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", default="causal,encoder,seq2seq,classification", help="comma-separated kinds of rows")
     parser.add_argument("--only", default="", help="comma-separated architectures (default: all); prints, writes nothing")
+    parser.add_argument("--merge", action="store_true", help="with --only: replace those rows in the written matrix")
     parser.add_argument("--jobs", type=int, default=2, help="workers in parallel (default 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per architecture (default 300)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where COVERAGE.md and coverage.json go")
@@ -402,10 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = args.out / "coverage.json"
     previous = json.loads(path.read_text()) if path.exists() else None
-    document = summarize(results, meta, previous)
+    document = summarize(results, meta, previous, merge=args.merge)
     for kind, totals in document["totals"].items():
         print(kind, json.dumps(totals))
-    if only:
+    if only and not args.merge:
         for kind, section in document["kinds"].items():
             for arch, row in section["rows"].items():
                 failure = first_failure(row, row["status"])

@@ -110,3 +110,12 @@ def test_model_without_a_cache(tmp_path):
     # OpenAI GPT takes no cache: like transformers, generate reads the whole sequence at every step.
     config = transformers.OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     assert_generates_like_transformers(config, tmp_path)
+
+
+def test_a_cache_of_another_kind_is_refused(tmp_path):
+    # RWKV keeps its recurrent state in `state`: re-reading the sequence every step would not give its tokens.
+    config = transformers.RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64)
+    save_tiny(config, tmp_path)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
+    with pytest.raises(NotImplementedError, match="takes 'state'"):
+        model.generate(np.array([[5, 6, 7]]), max_new_tokens=2)

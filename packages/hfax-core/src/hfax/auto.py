@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
@@ -48,11 +49,14 @@ def check_family_version(family: str) -> None:
         tested = SpecifierSet(spec.transformers)
     except InvalidSpecifier as error:
         raise ValueError(f"family {family!r} declares an invalid transformers range {spec.transformers!r}") from error
-    if transformers.__version__ in tested:
+    # The module as sys.modules has it now: importing some transformers.models.* modules replaces the
+    # `transformers` entry with a new module object, so the one bound when this module loaded may be stale.
+    version = sys.modules["transformers"].__version__
+    if version in tested:
         return
     message = (
         f"hfax family {family!r} was tested with transformers{spec.transformers}, but transformers "
-        f"{transformers.__version__} is installed; its patches may not fit. Install a tested version, or set "
+        f"{version} is installed; its patches may not fit. Install a tested version, or set "
         "HFAX_BLOCK_PLUGINS to run the generic path."
     )
     if plugins.strict():

@@ -369,10 +369,22 @@ def _head(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
     return decoder_start(model, ids, s) if is_encoder_decoder(model) else ids
 
 
+#: Forward arguments of caches hfax's slot cache cannot stand in for (RWKV's state, XLNet's mems, ...).
+OTHER_CACHES = ("state", "mems", "use_mems", "cache", "past_buckets_states", "use_cache")
+
+
 def _cache_argument(model: Any) -> str:
     """The name under which the model's forward takes its cache (Mamba-style models call it ``cache_params``);
-    ``""`` for a model without one, which then reads the whole sequence at every step, as transformers does."""
-    return next((name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), "")
+    ``""`` for a model without one, which then reads the whole sequence at every step, as transformers does.
+    A model with a cache of another kind is refused: re-reading the sequence would not give its tokens."""
+    name = next((name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), "")
+    other = [argument for argument in OTHER_CACHES if accepts(model.module, argument)]
+    if not name and other:
+        raise NotImplementedError(
+            f"{type(model.module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
+            "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
+        )
+    return name
 
 
 def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any) -> jax.stages.Lowered:
