@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 import sys
 import textwrap
@@ -141,8 +142,11 @@ def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelFo
 def tiny_models(make_dir: Callable[[str], Any], backend: str) -> Callable[..., tuple[Path, Any, Any]]:
     """``build(name, auto_class="AutoModelForCausalLM")`` -> ``(checkpoint dir, PyTorch reference, hfax model on
     backend)`` for the tiny config ``name``, each built once. ``make_dir(basename)`` makes a fresh folder
-    (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture."""
+    (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture. Unless ``HFAX_CACHE`` is set,
+    compiled programs go to a fresh folder too, not to the user's cache."""
     import hfax
+
+    os.environ.setdefault("HFAX_CACHE", str(make_dir("hfax-cache")))
 
     built: dict[tuple[str, str], tuple[Path, Any, Any]] = {}
 
@@ -166,6 +170,14 @@ def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.nda
         ids[row, width - len(prompt) :] = prompt
         mask[row, width - len(prompt) :] = 1
     return ids, mask
+
+
+def reference_forward(model: Any, **inputs: Any) -> Any:
+    """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
+    import torch
+
+    with torch.no_grad():
+        return model(**{name: torch.as_tensor(value) for name, value in inputs.items()})
 
 
 def reference_generate(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **options: Any) -> np.ndarray:
