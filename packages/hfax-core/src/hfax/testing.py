@@ -205,7 +205,7 @@ def assert_same_greedy(model: Any, reference: Any, prompt: list[int], max_new_to
     ids = np.asarray([prompt], np.int64)
     options = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
     expected = reference_generate(reference, ids, **options)
-    np.testing.assert_array_equal(np.asarray(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
+    np.testing.assert_array_equal(as_numpy(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
     return expected
 
 
@@ -217,7 +217,7 @@ def assert_same_logits(model: Any, reference: Any, prompts: list[list[int]], ato
     ids, mask = left_padded(prompts)
     with torch.no_grad():
         expected = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.float().numpy()
-    actual = np.asarray(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
+    actual = as_numpy(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
     assert np.isfinite(actual).all(), f"non-finite logits at (row, position) {np.argwhere(~np.isfinite(actual).all(-1)).tolist()}"
     real = mask.astype(bool)
     np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch")
