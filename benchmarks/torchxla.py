@@ -148,10 +148,10 @@ def main() -> None:
     reference = next(row["tokens"] for row in rows if row["engine"] == "eager")
     print(f"random Llama 134M, batch 1, prompt {args.prompt_length}, {args.new_tokens} new tokens (greedy), CPU "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
-    print(f"{'engine':<10} {'version':<42} {'first call s':>12} {'compiles':>9} {'later':>6} {'tok/s':>7}  same tokens as eager")
+    print(f"{'engine':<15} {'version':<38} {'first call s':>12} {'compiles':>9} {'later':>6} {'tok/s':>7}  same tokens as eager")
     for row in rows:
         print(
-            f"{row['engine']:<10} {row['version']:<42} {row['first_seconds']:>12.1f} {row['first_compiles']:>9} "
+            f"{row['engine']:<15} {row['version']:<38} {row['first_seconds']:>12.1f} {row['first_compiles']:>9} "
             f"{row['later_compiles']:>6} {row['tokens_per_second']:>7.1f}  {row['tokens'] == reference}"
         )
 
