@@ -185,7 +185,7 @@ def torchxla(session: nox.Session) -> None:
         session.log(f"downloading {len(missing)} pinned wheels into {house}")
         listing = Path(session.create_tmp()) / "missing-wheels.txt"
         listing.write_text("\n".join(missing) + "\n")
-        session.run("python", "-m", "pip", "download", "--no-deps", "--require-hashes", "--dest", str(house), "-r", str(listing))
+        session.run_install("python", "-m", "pip", "download", "--no-deps", "--require-hashes", "--dest", str(house), "-r", str(listing))
     session.install("--no-index", "--find-links", str(house), "--no-deps", "--require-hashes", "-r", str(CONSTRAINTS_TORCHXLA))
     session.install("--no-deps", str(directory), *map(str, siblings))
     session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
