@@ -132,7 +132,7 @@ def main() -> None:
         return
     pythons = dict(item.split("=", 1) for item in args.python) or {"torch_xla": sys.executable}
     runs = [(engine, python) for engine, python in pythons.items()] + [("eager", next(iter(pythons.values())))]
-    rows = []
+    rows, load_before = [], os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "llama-134m"
         for engine, python in runs:
@@ -147,7 +147,7 @@ def main() -> None:
             rows.append(json.loads(lines[-1].removeprefix("RESULT ")))
     reference = next(row["tokens"] for row in rows if row["engine"] == "eager")
     print(f"random Llama 134M, batch 1, prompt {args.prompt_length}, {args.new_tokens} new tokens (greedy), CPU "
-          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
+          f"load (1-minute average) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")  # fmt: skip
     print(f"{'engine':<15} {'version':<38} {'first call s':>12} {'compiles':>9} {'later':>6} {'tok/s':>7}  same tokens as eager")
     for row in rows:
         print(
