@@ -5,14 +5,11 @@ backends installed here."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-import torch
 
 from hfax.plugins import backends
-from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, tiny_models
+from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_forward, reference_generate, tiny_models
 
 BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
@@ -22,29 +19,49 @@ PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def tiny(request, tmp_path_factory):
+def backend(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny(backend, tmp_path_factory):
     """``tiny(name, auto_class)`` -> (checkpoint dir, PyTorch reference, hfax model on the parametrized backend)."""
-    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))
-    return tiny_models(tmp_path_factory.mktemp, backend=request.param)
-
-
-def reference(model, **inputs):
-    with torch.no_grad():
-        return model(**{k: torch.as_tensor(v) for k, v in inputs.items()})
+    return tiny_models(tmp_path_factory.mktemp, backend=backend)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
 def test_causal_lm_logits_match_pytorch(tiny, name):
     _, ref, model = tiny(name)
     np.testing.assert_allclose(
-        as_numpy(model(input_ids=IDS).logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+        as_numpy(model(input_ids=IDS).logits), reference_forward(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
     )
+
+
+def test_encoder_hidden_states_match_pytorch(tiny):
+    _, ref, model = tiny("bert", "AutoModel")
+    mask = np.ones_like(IDS)
+    mask[1, :3] = 0
+    out = model(input_ids=IDS, attention_mask=mask)
+    want = reference_forward(ref, input_ids=IDS, attention_mask=mask).last_hidden_state.numpy()
+    np.testing.assert_allclose(as_numpy(out.last_hidden_state), want, atol=1e-4, rtol=0)
+
+
+def test_from_model_takes_a_loaded_module(tiny, backend):
+    import transformers
+
+    import hfax
+
+    directory, ref, _ = tiny("gpt2")
+    module = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    loaded = hfax.AutoModelForTPU.from_model(module, backend=backend)
+    want = reference_forward(ref, input_ids=IDS).logits.numpy()
+    np.testing.assert_allclose(as_numpy(loaded(input_ids=IDS).logits), want, atol=1e-4, rtol=0)
 
 
 def test_sequence_classification_matches_pytorch(tiny):
     _, ref, model = tiny("bert", "AutoModelForSequenceClassification")
     np.testing.assert_allclose(
-        as_numpy(model(input_ids=IDS).logits), reference(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+        as_numpy(model(input_ids=IDS).logits), reference_forward(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
     )
 
 
@@ -109,6 +126,17 @@ def test_top_k_1_and_a_vanishing_top_p_are_greedy(tiny):
     np.testing.assert_array_equal(
         as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=0, top_p=1e-6, seed=1)), greedy
     )
+
+
+def test_twenty_prompt_lengths_cost_a_handful_of_compiles(tiny):
+    _, _, model = tiny("llama")
+    rng = np.random.default_rng(0)
+    compiles = 0
+    for length in rng.integers(2, 100, size=20):
+        model.generate(rng.integers(3, 128, size=(1, int(length))), max_new_tokens=8)
+        compiles += model.last_generate_stats.compiles
+    # Prompt buckets 16, 32, 64, 128: four buckets of a few programs each, whatever the order.
+    assert compiles <= 12
 
 
 class Collect:

@@ -7,11 +7,6 @@ os.environ.setdefault("HFAX_STRICT_PLUGINS", "1")
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))
-
-
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """``tiny(name, auto_class)`` -> (checkpoint dir, PyTorch reference model, hfax JAX model), built once."""

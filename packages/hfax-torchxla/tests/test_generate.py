@@ -3,6 +3,7 @@ fallbacks in decoding, the compile budget."""
 
 import numpy as np
 import pytest
+import torch
 
 from hfax.backends.torchxla import generation, runtime
 from hfax.testing import as_numpy, assert_same_continuation, reference_generate
@@ -22,11 +23,13 @@ def test_a_32_token_generation_compiles_one_bucket_then_nothing(tiny, name):
     assert 2 <= first.compiles <= generation.PROGRAMS_PER_BUCKET, first
     assert model.last_generate_stats.compiles == first.compiles
     assert_same_continuation(reference_generate(ref, ids, max_new_tokens=32), out, pad_token_id=0)
-    before = runtime.counters()
-    for prompt in PROMPTS:  # the same bucket: nothing new to compile
+    before, traced = runtime.counters(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for prompt in PROMPTS:  # the same bucket: nothing new to compile, nor to trace
         model.generate(np.array([prompt]), max_new_tokens=17 + len(prompt))
     again = runtime.counters() - before
     assert again.compiles == 0, again
+    # Each call's KV cache is new; dynamo must not guard on the buffers' identity and trace the step again.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
     assert model.last_generate_stats.tokens_per_second > 0
 
 
@@ -38,16 +41,6 @@ def test_decoding_runs_no_operation_on_the_cpu(tiny, name):
     model.generate(np.array([PROMPTS[1]]), max_new_tokens=20, do_sample=True, top_k=5, top_p=0.9, seed=1)
     model.generate(np.array([PROMPTS[1]]), max_new_tokens=20)
     assert (runtime.counters() - before).fallbacks == {}
-
-
-def test_twenty_prompt_lengths_cost_a_handful_of_compiles(tiny):
-    _, _, model = tiny("llama")
-    rng = np.random.default_rng(0)
-    before = runtime.counters().compiles
-    for length in rng.integers(2, 100, size=20):
-        model.generate(rng.integers(3, 128, size=(1, int(length))), max_new_tokens=8)
-    # Prompt buckets 16, 32, 64, 128: at most four buckets.
-    assert runtime.counters().compiles - before <= 4 * generation.PROGRAMS_PER_BUCKET
 
 
 def test_past_the_budget_requests_run_in_a_bucket_that_holds_them(tiny, monkeypatch):

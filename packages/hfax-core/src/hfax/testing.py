@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 import sys
 import textwrap
@@ -150,8 +151,11 @@ def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelFo
 def tiny_models(make_dir: Callable[[str], Any], backend: str) -> Callable[..., tuple[Path, Any, Any]]:
     """``build(name, auto_class="AutoModelForCausalLM")`` -> ``(checkpoint dir, PyTorch reference, hfax model on
     backend)`` for the tiny config ``name``, each built once. ``make_dir(basename)`` makes a fresh folder
-    (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture."""
+    (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture. Unless ``HFAX_CACHE`` is set,
+    compiled programs go to a fresh folder too, not to the user's cache."""
     import hfax
+
+    os.environ.setdefault("HFAX_CACHE", str(make_dir("hfax-cache")))
 
     built: dict[tuple[str, str], tuple[Path, Any, Any]] = {}
 
@@ -200,6 +204,14 @@ def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.nda
     return ids, mask
 
 
+def reference_forward(model: Any, **inputs: Any) -> Any:
+    """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
+    import torch
+
+    with torch.no_grad():
+        return model(**{name: torch.as_tensor(value) for name, value in inputs.items()})
+
+
 def reference_generate(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **options: Any) -> np.ndarray:
     """transformers' own ``generate`` on PyTorch/CPU (greedy unless told otherwise), as numpy."""
     import torch
@@ -225,7 +237,7 @@ def assert_same_greedy(model: Any, reference: Any, prompt: list[int], max_new_to
     ids = np.asarray([prompt], np.int64)
     options = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
     expected = reference_generate(reference, ids, **options)
-    np.testing.assert_array_equal(np.asarray(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
+    np.testing.assert_array_equal(as_numpy(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
     return expected
 
 
@@ -237,7 +249,7 @@ def assert_same_logits(model: Any, reference: Any, prompts: list[list[int]], ato
     ids, mask = left_padded(prompts)
     with torch.no_grad():
         expected = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.float().numpy()
-    actual = np.asarray(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
+    actual = as_numpy(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
     assert np.isfinite(actual).all(), f"non-finite logits at (row, position) {np.argwhere(~np.isfinite(actual).all(-1)).tolist()}"
     real = mask.astype(bool)
     np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch")

@@ -14,9 +14,10 @@ import torch
 from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
+from hfax.model import BackendModel
 
 
-class JaxModel:
+class JaxModel(BackendModel):
     """A transformers model whose weights live in JAX arrays and whose calls run as compiled XLA programs.
 
     * ``model(**inputs)`` runs the jitted forward and returns the transformers output type with ``jax.Array``
@@ -24,32 +25,9 @@ class JaxModel:
     * ``model.params`` is the weight pytree and ``model.apply(params, *args, **kwargs)`` the pure forward, for
       ``jax.jit`` / ``jax.grad``.
     * ``model.generate(...)`` runs prefill and the whole decode loop on device (see ``generate.py``).
+
+    Built by :class:`~hfax.backends.jax.backend.JaxBackend` with the arguments of :class:`hfax.model.BackendModel`.
     """
-
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        params: dict[str, jax.Array],
-        *,
-        family: str,
-        plan: Any,
-        mesh: Any,
-        compile_step: Callable[..., Callable[..., Any]],
-    ) -> None:
-        self.module = module
-        self.config = module.config
-        self.generation_config = getattr(module, "generation_config", None)
-        self.params = params
-        self.family = family
-        self.plan = plan
-        self.mesh = mesh
-        self._compile_step = compile_step
-        self._programs: dict[str, Callable[..., Any]] = {}
-        self._signature = inspect.signature(module.forward).parameters
-        self.last_generate_stats: Any = None
-
-    def __repr__(self) -> str:
-        return f"JaxModel({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
 
     @property
     def dtype(self) -> Any:
@@ -85,33 +63,28 @@ class JaxModel:
     def program(self, name: str, fn: Callable[..., Any], donate: tuple[str, ...] = ()) -> Callable[..., Any]:
         """``fn(self, ...)`` compiled through the compile-step hook; ``static`` is static. Traced once per argument
         signature, and kept traced on disk for later processes (see ``programs.py``)."""
-        if name not in self._programs:
+
+        def make() -> Callable[..., Any]:
             jitted = self._compile_step(
                 functools.partial(fn, self), name=name, static_argnames=("static",), donate_argnames=donate
             )
             positional = [p for p in list(inspect.signature(fn).parameters)[1:] if p != "static"]
             fingerprint = functools.partial(programs.model_fingerprint, self.module, self.family)
-            self._programs[name] = programs.Program(
-                name, jitted, fingerprint, tuple(positional.index(d) for d in donate), label=fn.__name__
-            )
-        return self._programs[name]
+            return programs.Program(name, jitted, fingerprint, tuple(positional.index(d) for d in donate), label=fn.__name__)
+
+        return self.compiled(name, make)
 
     def _forward(self, params: dict[str, jax.Array], arrays: dict[str, Any], static: tuple[tuple[str, Any], ...]) -> Any:
         return self.apply(params, **arrays, **dict(static))
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
-        if args:
-            names = [name for name in self._signature if name != "self"]
-            inputs.update(zip(names, args))
         arrays, static = {}, {}
-        for name, value in inputs.items():
+        for name, value in self.named_inputs(args, inputs).items():
             if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
                 arrays[name] = as_jax(value)
             else:
                 static[name] = value
-        if "use_cache" in self._signature and "use_cache" not in static:
-            static["use_cache"] = False  # a forward call has no cache to fill; generate() brings its own
         arrays = shard_batch(arrays, self.mesh)
         return self.program("forward", JaxModel._forward)(self.params, arrays, static=tuple(sorted(static.items())))
 

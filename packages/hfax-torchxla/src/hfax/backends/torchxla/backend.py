@@ -6,8 +6,12 @@ from typing import Any
 
 import torch
 
-from hfax.backends.torchxla import generation, runtime
+from hfax.backends.torchxla import runtime
 from hfax.backends.torchxla.model import TorchXlaModel
+
+
+#: How many times dynamo may trace the step functions (it would stop at 8 per function).
+DYNAMO_TRACE_LIMIT = 4096
 
 
 class TorchXlaBackend:
@@ -20,11 +24,12 @@ class TorchXlaBackend:
     name = "torch_xla"
 
     def __init__(self) -> None:
-        # dynamo recompiles the decode step once per shape bucket; its default limit (8) would silently fall
-        # back to uncompiled lazy tensors. The compile budget, not dynamo, bounds the programs.
-        limit = generation.compile_budget()
-        if torch._dynamo.config.recompile_limit < limit:
-            torch._dynamo.config.recompile_limit = limit
+        # dynamo traces a step again for every bucket and every model (it guards on the module object; a
+        # retrace of the same graph finds its XLA program by hash, so costs no compilation). Its limits, 8 per
+        # function and 256 in all, would end in an error (fullgraph): the compile budget bounds the programs.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, DYNAMO_TRACE_LIMIT)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, DYNAMO_TRACE_LIMIT)
 
     def devices(self) -> list[str]:
         return runtime.devices()

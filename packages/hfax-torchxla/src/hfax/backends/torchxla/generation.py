@@ -238,6 +238,11 @@ def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer
         valid_on_device = torch.from_numpy(valid).to(device)
         state = prefill(model.module, cache, ids_on_device, valid_on_device, chosen.capacity, options, structure, chosen.do_sample)
         torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
+        for layer in cache.layers:
+            # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
+            # step on their identity and trace it again for every call's fresh buffers (and keep them alive).
+            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                torch._dynamo.mark_static_address(tensor, guard=False)
         step_program = model.program("decode", decode_step)
         done, sent, compile_seconds = 1, 0, None
         while True:

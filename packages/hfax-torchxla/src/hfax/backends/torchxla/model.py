@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from hfax.backends.torchxla import generation, runtime, sharding
+from hfax.model import BackendModel
 
 
-class TorchXlaModel:
+class TorchXlaModel(BackendModel):
     """A transformers model whose weights live on an XLA device, with the JAX backend's surface.
 
     * ``model(**inputs)`` runs the forward compiled through the compile-step hook (once per input shape and set
@@ -22,32 +22,10 @@ class TorchXlaModel:
       (see :mod:`hfax.backends.torchxla.generation`); ``model.last_generate_stats`` says what it cost.
     """
 
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        params: dict[str, torch.Tensor],
-        *,
-        family: str,
-        plan: Any,
-        mesh: Any,
-        compile_step: Callable[..., Callable[..., Any]],
-    ) -> None:
-        self.module = module
-        self.config = module.config
-        self.generation_config = getattr(module, "generation_config", None)
-        self.params = params
-        self.family = family
-        self.plan = plan
-        self.mesh = mesh
-        self._compile_step = compile_step
-        self._programs: dict[str, Callable[..., Any]] = {}
-        self._signature = inspect.signature(module.forward).parameters
+    def __init__(self, module: torch.nn.Module, params: dict[str, torch.Tensor], **options: Any) -> None:
+        super().__init__(module, params, **options)
         #: The shape buckets this model compiled for ``generate``.
         self.buckets: set[generation.Bucket] = set()
-        self.last_generate_stats: Any = None
-
-    def __repr__(self) -> str:
-        return f"TorchXlaModel({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -68,19 +46,12 @@ class TorchXlaModel:
 
     def program(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` compiled once per model through the compile-step hook."""
-        if name not in self._programs:
-            self._programs[name] = self._compile_step(fn, name=name, static_argnames=(), donate_argnames=())
-        return self._programs[name]
+        return self.compiled(name, lambda: self._compile_step(fn, name=name, static_argnames=(), donate_argnames=()))
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the forward on the XLA device. Arrays may be numpy or torch tensors on any device."""
-        if args:
-            names = [name for name in self._signature if name != "self"]
-            inputs.update(zip(names, args))
-        if "use_cache" in self._signature and "use_cache" not in inputs:
-            inputs["use_cache"] = False  # a forward call has no cache to fill; generate() brings its own
         device = runtime.device()
-        inputs = {name: _to_device(value, device) for name, value in inputs.items()}
+        inputs = {name: _to_device(value, device) for name, value in self.named_inputs(args, inputs).items()}
         with torch.no_grad():
             return self.program("forward", _forward)(self.module, inputs)
 
