@@ -11,7 +11,8 @@ The key (:func:`model_fingerprint` and :func:`call_key`): the program's name and
 structure, shapes, dtypes and shardings of its arguments; the model's class, the source file it is defined
 in, its full config (attention implementation included) and every hfax patch on it; the versions of jax,
 jaxlib, torch, torchax and transformers; the text of hfax's own modules (an edited checkout makes new
-keys); the JAX platform and the flags that change tracing. ``HFAX_NO_COMPILATION_CACHE=1`` turns this
+keys); the JAX platform and the flags that change tracing. Code changed at runtime without any of these
+changing (a monkeypatched transformers function) is not seen: ``HFAX_NO_COMPILATION_CACHE=1`` turns this
 cache off with JAX's. A program that cannot be exported (e.g. one with host callbacks) or serialized
 runs through ``jax.jit`` as usual.
 """
