@@ -20,7 +20,7 @@ PROJECTIONS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
                "mlp.down_proj"]  # fmt: skip
 
 
-def llama(directory, tied: bool):
+def llama(directory, tied: bool, dtype: str = "float32"):
     import transformers
 
     config = transformers.LlamaConfig(
@@ -28,7 +28,7 @@ def llama(directory, tied: bool):
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
     )  # fmt: skip
     reference = save_tiny(config, directory, spread=True)
-    return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax")
+    return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax", dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,12 @@ def test_which_loops_transpose_which_weights(untied, tmp_path):
     _, short = arguments(model, PROMPTS, NEW // 2)
     assert generation._transposed_weights(model, short, rows=2) == frozenset()  # the copy would not pay
     # Tied: the table serves the embedding (rows gathered) and the output layer; it keeps its layout.
-    _, tied = llama(tmp_path, tied=True)
+    _, tied = llama(tmp_path / "tied", tied=True)
     assert generation._transposed_weights(tied, static, rows=2) == expected - {"lm_head.weight"}
+    # 16-bit weights: from eight rows (two and four measured no faster).
+    _, half = llama(tmp_path / "bf16", tied=False, dtype="bfloat16")
+    assert generation._transposed_weights(half, static, rows=4) == frozenset()
+    assert generation._transposed_weights(half, static, rows=8) == expected
 
 
 def test_decode_loop_multiplies_by_the_transposed_copy(untied):

@@ -136,16 +136,20 @@ TRANSPOSE_FROM_STEPS = 64
 def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]:
     """The weights a decode loop of ``static.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
 
-    On one CPU device, XLA:CPU multiplies two rows and more by an ``[in, out]`` matrix faster than by
-    PyTorch's ``[out, in]``: on the benchmark Llama at batch 8, 189 against 159 tok/s in float32 (prompt 32;
-    159 against 126 at prompt 512) and 272 against 244 in bfloat16. ``decode`` transposes a copy of every
-    ``nn.Linear`` weight before its loop, which costs memory for the copy while it runs and about 30 steps'
-    savings in time, so only for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a
-    matrix-vector product) reads the ``[out, in]`` matrix as fast or faster; other platforms and meshes
-    choose their own layouts. A weight that is tied to another (an embedding that is also the output layer)
-    stays as it is, since its other use wants its own layout.
+    On one CPU device, XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's
+    ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without: float32
+    at batch 2, 4 and 8: 55-61 / 51, 118-121 / 88-91, 189 / 159 (prompt 32; 159 / 126 at prompt 512);
+    bfloat16 at batch 2: 88-94 / 100-108, batch 4: even, batch 8: 272 / 244. ``decode`` transposes a copy of
+    every ``nn.Linear`` weight before its loop, which holds memory for the copy while it runs and costs
+    about 30 steps' savings in time: so for float32 from two rows, for 16-bit weights from eight, and only
+    for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a matrix-vector product) reads the
+    ``[out, in]`` matrix as fast or faster; other platforms and meshes choose their own layouts. A weight
+    tied to another (an embedding that is also the output layer) stays as it is, as its other use wants its
+    own layout.
     """
-    if model.platform != "cpu" or model.mesh is not None or rows < 2 or static.capacity < TRANSPOSE_FROM_STEPS:
+    dtype = model.dtype
+    wide = not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32
+    if model.platform != "cpu" or model.mesh is not None or rows < (2 if wide else 8) or static.capacity < TRANSPOSE_FROM_STEPS:
         return frozenset()
     uses = collections.Counter(id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False))
     return frozenset(
