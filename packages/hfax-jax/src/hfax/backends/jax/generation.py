@@ -68,8 +68,9 @@ def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positi
     encoder-decoder decodes ``ids`` against ``source``: the encoder's input ``{"ids", "mask"}`` on the first
     step, which runs the encoder, its output ``{"encoded", "mask"}`` after. A model without a cache reads
     all of ``ids`` and gives the logits at position ``at``. The ``transposed`` weights of ``params`` are held
-    ``[in, out]`` (see :func:`_transposed_weights`) and given to the model as the ``[out, in]`` it expects. Returns the last (or ``at``) position's logits,
-    the cache states and the encoder's output (``None`` without an encoder).
+    ``[in, out]`` (see :func:`_transposed_weights`) and given to the model as the ``[out, in]`` it expects.
+    Returns the last (or ``at``) position's logits, the cache states and the encoder's output (``None``
+    without an encoder).
     """
     length = valid.shape[1]
     tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource = to_tensor(
@@ -137,15 +138,15 @@ def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]
     """The weights a decode loop of ``static.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
 
     On one CPU device, XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's
-    ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without: float32
-    at batch 2, 4 and 8: 55-61 / 51, 118-121 / 88-91, 189 / 159 (prompt 32; 159 / 126 at prompt 512);
-    bfloat16 at batch 2: 88-94 / 100-108, batch 4: even, batch 8: 272 / 244. ``decode`` transposes a copy of
-    every ``nn.Linear`` weight before its loop, which holds memory for the copy while it runs and costs
-    about 30 steps' savings in time: so for float32 from two rows, for 16-bit weights from eight, and only
-    for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a matrix-vector product) reads the
-    ``[out, in]`` matrix as fast or faster; other platforms and meshes choose their own layouts. A weight
-    tied to another (an embedding that is also the output layer) stays as it is, as its other use wants its
-    own layout.
+    ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without (A/B runs
+    of ``benchmarks/decode.py``; docs/PERFORMANCE.md has a whole run with it): float32 at batch 2, 4 and 8:
+    55-61 / 51, 118-121 / 88-91, 189 / 159 (prompt 32; 159 / 126 at prompt 512); bfloat16 at batch 2: 88-94
+    / 100-108, batch 4: even, batch 8: 272 / 244. ``decode`` transposes a copy of every ``nn.Linear`` weight
+    before its loop, which holds memory for the copy while it runs and costs about 30 steps' savings in
+    time: so for float32 from two rows, for 16-bit weights from eight, and only for loops of
+    :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a matrix-vector product) reads the ``[out, in]``
+    matrix as fast or faster; other platforms and meshes choose their own layouts. A weight tied to another
+    (an embedding that is also the output layer) stays as it is, as its other use wants its own layout.
     """
     dtype = model.dtype
     wide = not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32
