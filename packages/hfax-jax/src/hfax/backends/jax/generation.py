@@ -148,9 +148,9 @@ def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]
     matrix as fast or faster; other platforms and meshes choose their own layouts. A weight tied to another
     (an embedding that is also the output layer) stays as it is, as its other use wants its own layout.
     """
-    dtype = model.dtype
-    wide = not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32
-    if model.platform != "cpu" or model.mesh is not None or rows < (2 if wide else 8) or static.capacity < TRANSPOSE_FROM_STEPS:
+    if model.platform != "cpu" or model.mesh is not None or static.capacity < TRANSPOSE_FROM_STEPS:
+        return frozenset()
+    if rows < (8 if _loop_reads_16_bits(model) else 2):
         return frozenset()
     uses = collections.Counter(id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False))
     return frozenset(
