@@ -3,6 +3,7 @@
     python benchmarks/decode.py                      # everything: ~134M Llama and Gemma 3 270M, f32 and bf16
     python benchmarks/decode.py --models llama --dtypes float32 --batch 1 --prompt 32 --new-tokens 32
     hfax bench [same options]                        # the same script, through hfax's CLI
+    PJRT_DEVICE=CPU python benchmarks/decode.py --python hfax-torchxla=.nox/torchxla/bin/python  # torch_xla's venv
 
 Every engine runs in its own process (peak memory is per process, and importing torchax breaks
 ``torch.compile`` in-process); compiling engines run a second time in a fresh process that finds the
@@ -12,6 +13,10 @@ and cached), peak host memory, and the fraction of the memory-bandwidth bound: t
 KV cache one decode step must read, divided by this machine's bandwidth (measured here with a large
 array copy), over the measured step time. It prints a table, writes a JSON record and regenerates
 docs/PERFORMANCE.md.
+
+torch_xla 2.9 pins torch 2.9 and the rest runs torch 2.13, so no one environment holds every engine:
+``--python ENGINE=PYTHON`` runs an engine's workers under another interpreter (one that has this
+checkout's hfax packages and the engine's own, such as the venv of ``nox -s torchxla``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,11 +135,19 @@ def machine() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 memory = int(line.split()[1]) * 1024
-    versions = {}
-    for name in ("torch", "jax", "jaxlib", "torchax", "transformers", "torch_xla"):
-        with contextlib.suppress(Exception):
-            versions[name] = importlib.metadata.version(name)
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": memory, "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": memory, "platform": platform.platform(), "python": platform.python_version(), "versions": versions()}
+
+
+VERSIONED = ("torch", "jax", "jaxlib", "torchax", "transformers", "torch_xla")
+
+
+def versions() -> dict[str, str]:
+    """The versions of what the engines run on, as installed for this interpreter."""
+    found = {}
+    for name in VERSIONED:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
 
 
 def load_average() -> list[float] | None:
@@ -352,11 +366,19 @@ class Hfax:
 
     def generate(self, ids: np.ndarray, n: int) -> np.ndarray:
         out = self.model.generate(ids, max_new_tokens=n, min_new_tokens=n)
+        if hasattr(out, "cpu"):  # torch_xla's generate gives a tensor on the XLA device
+            out = out.cpu()
         return np.asarray(out)[:, ids.shape[1] :]
 
 
-def torchxla_missing() -> str | None:
-    """Why the torch_xla backend cannot run here, or None."""
+def torchxla_missing(python: str | None = None) -> str | None:
+    """Why the torch_xla backend cannot run under ``python`` (default: this interpreter), or None."""
+    if python is not None:
+        probe = subprocess.run([python, __file__, "--probe-torchxla"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"{python} cannot run this script: {tail}"
+        return probe.stdout.strip() or None
     if importlib.util.find_spec("torch_xla") is None:
         return "torch_xla is not installed"
     from hfax import plugins
@@ -468,6 +490,8 @@ class Plan:
     new_tokens: int
     repeats: int
     budget_s: float
+    #: Engines whose workers run under another interpreter than this one.
+    pythons: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def run_worker(plan: Plan, engine: str, model: str, path: str, dtype: str, scratch: Path, cached: bool) -> list[Case]:
@@ -483,7 +507,8 @@ def run_worker(plan: Plan, engine: str, model: str, path: str, dtype: str, scrat
     started = time.perf_counter()
     with log.open("w") as stderr:
         try:
-            status = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, stdout=stderr,
+            python = plan.pythons.get(engine, sys.executable)
+            status = subprocess.run([python, __file__, "--worker", json.dumps(spec)], env=env, stdout=stderr,
                                     stderr=stderr, timeout=WORKER_TIMEOUT_S).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             status = "timeout"
@@ -501,6 +526,10 @@ def run(plan: Plan) -> dict[str, Any]:
     started = datetime.datetime.now(datetime.timezone.utc)
     record: dict[str, Any] = {"started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
                               "machine": machine(), "load_average_before": load_average()}  # fmt: skip
+    for engine, python in plan.pythons.items():  # what the engines under other interpreters ran on
+        found = subprocess.run([python, __file__, "--versions"], capture_output=True, text=True)
+        if found.returncode == 0:
+            record["machine"].setdefault("engine_versions", {})[engine] = json.loads(found.stdout)
     print("measuring memory bandwidth ...", file=sys.stderr)
     bandwidth = memory_bandwidth()
     results: list[Case] = []
@@ -509,7 +538,7 @@ def run(plan: Plan) -> dict[str, Any]:
         for dtype in plan.dtypes:
             print(f"{model} {dtype}:", file=sys.stderr)
             for engine in plan.engines:
-                if engine == "hfax-torchxla" and (reason := torchxla_missing()):
+                if engine == "hfax-torchxla" and (reason := torchxla_missing(plan.pythons.get(engine))):
                     results += [Case(model, dtype, b, p, plan.new_tokens, engine, error=f"skipped: {reason}")
                                 for b in plan.batches for p in plan.prompts]  # fmt: skip
                     continue
@@ -582,6 +611,8 @@ def markdown(record: dict[str, Any]) -> str:
     m, bw = record["machine"], record["bandwidth"]
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    for engine, found in m.get("engine_versions", {}).items():
+        versions += f"; {engine} under its own interpreter: " + ", ".join(f"{k} {v}" for k, v in found.items())
     return f"""# Performance
 
 Generated by `benchmarks/decode.py`; do not edit by hand: rerun the benchmark instead.
@@ -618,10 +649,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "decode.json", help="JSON record to write")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "PERFORMANCE.md", help="Markdown page to regenerate")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch the Markdown page")
+    parser.add_argument("--python", action="append", default=[], metavar="ENGINE=PYTHON",
+                        help="run an engine's workers under another interpreter (repeatable)")  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-torchxla", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
+        return 0
+    if args.probe_torchxla:
+        print(torchxla_missing() or "")
+        return 0
+    if args.versions:
+        print(json.dumps(versions()))
         return 0
 
     def items(text: str, allowed: tuple[str, ...] | None = None) -> list[str]:
@@ -631,12 +672,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown {', '.join(bad)}; choose among {', '.join(allowed or ())}")
         return chosen
 
+    pythons = {}
+    for item in args.python:
+        engine, _, python = item.partition("=")
+        if engine not in ENGINES or not python:
+            parser.error(f"--python takes ENGINE=PYTHON with ENGINE among {', '.join(ENGINES)}, got {item!r}")
+        if shutil.which(python) is None:
+            parser.error(f"--python {item}: {python} is not an executable interpreter")
+        pythons[engine] = python
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2: the step time is the difference to a one-token call")
     plan = Plan(
         models=items(args.models, MODELS), engines=items(args.engines, ENGINES),
         dtypes=items(args.dtypes, ("float32", "bfloat16")), batches=[int(b) for b in items(args.batch)],
         prompts=[int(p) for p in items(args.prompt)], new_tokens=args.new_tokens, repeats=args.repeats, budget_s=args.budget,
+        pythons=pythons,
     )  # fmt: skip
     record = run(plan)
     args.json.parent.mkdir(parents=True, exist_ok=True)
