@@ -528,8 +528,8 @@ def run(plan: Plan) -> dict[str, Any]:
                               "machine": machine(), "load_average_before": load_average()}  # fmt: skip
     for engine, python in plan.pythons.items():  # what the engines under other interpreters ran on
         found = subprocess.run([python, __file__, "--versions"], capture_output=True, text=True)
-        if found.returncode == 0:
-            record["machine"].setdefault("engine_versions", {})[engine] = json.loads(found.stdout)
+        failure = {"error": (found.stderr.strip().splitlines() or ["no output"])[-1]}
+        record["machine"].setdefault("engine_versions", {})[engine] = json.loads(found.stdout) if found.returncode == 0 else failure
     print("measuring memory bandwidth ...", file=sys.stderr)
     bandwidth = memory_bandwidth()
     results: list[Case] = []
