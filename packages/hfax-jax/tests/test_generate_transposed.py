@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hfax
-from hfax.backends.jax import fusion, generation
+from hfax.backends.jax import generation
 from hfax.generation import resolve
 from hfax.testing import left_padded, reference_generate, save_tiny
 
@@ -28,9 +28,7 @@ def llama(directory, tied: bool, dtype: str = "float32"):
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
     )  # fmt: skip
     reference = save_tiny(config, directory, spread=True)
-    model = hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax", dtype=dtype)
-    fusion.allow(model.module, hfax.Patcher(model.module))  # as the Llama family does, with or without it installed
-    return reference, model
+    return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax", dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +64,9 @@ def test_decode_loop_multiplies_by_the_transposed_copy(untied):
     # The copy is made once, before the loop; XLA must not fold it back into [out, in] products inside.
     _, model = untied
     hlo = generation.lower(model, *left_padded(PROMPTS), max_new_tokens=NEW).compile().as_text()
-    # Contracted dimension of the weight in every linear layer's product inside the loop: 0 for [in, out]. The
-    # gate and up projections are one product over their stacked copy (test_generate_stacked.py).
+    # Contracted dimension of the weight in every linear layer's product inside the loop: 0 for [in, out].
     products = re.findall(r"rhs_contracting_dims=\{(\d)\}, [^\n]*op_name=\"[^\"]*/while/body/linear/", hlo)
-    assert products == ["0"] * (2 * (len(PROJECTIONS) - 1) + 1), products
+    assert products == ["0"] * (2 * len(PROJECTIONS) + 1), products
 
 
 def test_tokens_are_transformers_tokens(untied):

@@ -7,8 +7,6 @@ import pytest
 import transformers
 
 import hfax
-from hfax.backends.jax import generation
-from hfax.generation import resolve
 from hfax.patches.llama import plugin
 from hfax.testing import assert_same_greedy, assert_same_logits, save_tiny
 
@@ -40,7 +38,6 @@ CONFIGS = {
 PROMPT = [5, 17, 33, 2, 99, 64, 7, 8, 12, 100, 3, 45]
 NEW_TOKENS = 24  # prompt plus generation (36) is well past the sliding window (8)
 PADDED_BATCH = [PROMPT[:5], PROMPT]
-STACKING_LOOP = generation.TRANSPOSE_FROM_STEPS  # new tokens enough for the decode loop to stack gate and up
 
 
 def test_every_claimed_model_type_is_tested():
@@ -73,15 +70,6 @@ def test_greedy_tokens_equal_pytorch(pair):
     assert_same_greedy(model, reference, PROMPT, NEW_TOKENS)
 
 
-def test_greedy_tokens_equal_pytorch_in_a_loop_with_stacked_mlps(pair):
-    # A loop this long reads each MLP's gate and up weights from one stacked copy (hfax.backends.jax.fusion).
-    reference, model = pair
-    ids, mask, settings = resolve(model, np.asarray([PROMPT]), None, {"max_new_tokens": STACKING_LOOP}, generation.OPTIONAL)
-    stacked = generation._stacked_mlps(model, generation._arguments(model, ids, mask, settings)[1])
-    assert stacked == tuple(f"model.layers.{i}.mlp" for i in range(COMMON["num_hidden_layers"]))
-    assert_same_greedy(model, reference, PROMPT, STACKING_LOOP)
-
-
 def test_padded_batch_logits_equal_pytorch(pair):
     reference, model = pair
     assert_same_logits(model, reference, PADDED_BATCH)
@@ -98,15 +86,11 @@ def test_patch_is_idempotent_undoable_and_keeps_a_chosen_attention(checkpoint):
     path, _ = checkpoint
     hook = hfax.get_plugin_manager().hook
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
-    counts = []
     for _ in range(2):
         hook.hfax_patch_model(model=model, family="llama", backend="jax", patcher=hfax.Patcher(model))
-        counts.append(len(hfax.Patcher(model).patched))
-    # The attention switch, and each MLP's forward and its allowed flag.
-    assert model.config._attn_implementation == "hfax_jax" and counts == [1 + 2 * COMMON["num_hidden_layers"]] * 2
+    assert model.config._attn_implementation == "hfax_jax" and len(hfax.Patcher(model).patched) == 1
     hfax.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
-    assert not hfax.Patcher(model).patched and "forward" not in vars(model.model.layers[0].mlp)
     eager = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
     hook.hfax_patch_model(model=eager, family="llama", backend="jax", patcher=hfax.Patcher(eager))
     assert eager.config._attn_implementation == "eager"

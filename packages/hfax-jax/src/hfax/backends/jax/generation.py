@@ -28,7 +28,7 @@ import torch
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
-from hfax.backends.jax import fusion, lowerings, mesh, monitor, pytrees
+from hfax.backends.jax import lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import (
     MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, decoder_start, is_encoder_decoder,
@@ -160,19 +160,6 @@ def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]
     )
 
 
-def _stacked_mlps(model: Any, static: Static) -> tuple[str, ...]:
-    """The gated MLPs whose gate and up weights a decode loop of ``static.capacity`` steps reads from one stacked
-    copy each (``fusion``): on one CPU device, for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more.
-
-    XLA:CPU multiplies by the ``[2 * intermediate, hidden]`` stack faster than by its halves one after the
-    other, at every batch size and dtype measured. The copy is made before the loop, like the transposed one,
-    and costs about as many steps' savings. Other platforms and meshes multiply by the weights as they are.
-    """
-    if model.platform != "cpu" or model.mesh is not None or static.capacity < TRANSPOSE_FROM_STEPS:
-        return ()
-    return fusion.stackable(model.module, model.params)
-
-
 def _in_place(model: Any, static: Static) -> bool:
     """Whether the slot cache updates in place (``cache.SlotCache``): a decoder-only model whose layers are all
     attention, on one device."""
@@ -279,10 +266,9 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
 
 
 def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, options: dict[str, Any],
-           transposed: frozenset[str] = frozenset(), stacked: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+           transposed: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
     """Choose new tokens ``state["step"]`` up to ``limit`` (or until every row finished), in one while loop
-    that reads the ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy and the gate and
-    up weights of the ``stacked`` MLPs (:func:`_stacked_mlps`) from one stacked copy each."""
+    that reads the ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
     prompt_length = state["valid"].shape[1] - static.capacity
     seen = jnp.sum(state["valid"][:, :prompt_length], axis=1)
 
@@ -308,16 +294,11 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         tokens = jax.lax.dynamic_update_slice_in_dim(state["tokens"], token[:, None], step, axis=1)
         return {**state, "states": states, "tokens": tokens, "step": step + 1, "finished": finished}
 
-    if stacked:  # made before the transposed copies: [gate; up] rows, transposed whole where its sources would be
-        params = fusion.stack(params, stacked)
-        sources = {f"{prefix}.{p}.weight" for prefix in stacked for p in ("gate_proj", "up_proj")}
-        moved = fusion.stacked_names(tuple(prefix for prefix in stacked if f"{prefix}.gate_proj.weight" in transposed))
-        transposed = (transposed - sources) | moved
     if transposed:
         params = {name: value.T if name in transposed else value for name, value in params.items()}
     # Weights that travel with the state (past a barrier) are not loop invariants: no conversion of them leaves
-    # the loop, and a transposed or stacked copy is not undone by XLA inside it.
-    if transposed or stacked or _loop_reads_16_bits(model):
+    # the loop, and a transposed copy is not transposed back.
+    if transposed or _loop_reads_16_bits(model):
         state, _ = jax.lax.while_loop(
             lambda loop: unfinished(loop[0]),
             lambda loop: (advance(*loop), jax.lax.optimization_barrier(loop[1])),
@@ -333,8 +314,7 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
 
 def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, limit: Any, options: Any, static: Static) -> Any:
     state = prefill(model, static, params, ids, prompt_mask, options, source)
-    transposed = _transposed_weights(model, static, ids.shape[0])
-    state = decode(model, static, params, state, limit, options, transposed, _stacked_mlps(model, static))
+    state = decode(model, static, params, state, limit, options, _transposed_weights(model, static, ids.shape[0]))
     return state["tokens"], state["step"]
 
 

@@ -35,10 +35,8 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) ->
     if family != FAMILY:
         return
     if backend == "jax":
-        from hfax.backends.jax import attention, fusion
+        from hfax.backends.jax import attention
 
         # Gemma 2 soft-caps its attention logits, so transformers runs it eagerly (exact and finite on
         # JAX); switch() leaves every attention but the default sdpa alone.
         attention.switch(model, patcher)
-        # Every Gemma MLP is down_proj(act_fn(gate_proj(x)) * up_proj(x)); the vision tower's are not gated.
-        fusion.allow(model, patcher)

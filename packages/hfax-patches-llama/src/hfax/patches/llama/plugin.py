@@ -37,8 +37,6 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) ->
     if family != FAMILY:
         return
     if backend == "jax":
-        from hfax.backends.jax import attention, fusion
+        from hfax.backends.jax import attention
 
         attention.switch(model, patcher)
-        # Every MLP of MODEL_TYPES is down_proj(act_fn(gate_proj(x)) * up_proj(x)).
-        fusion.allow(model, patcher)
