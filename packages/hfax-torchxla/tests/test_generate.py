@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hfax.backends.torchxla import generation, runtime
-from hfax.testing import as_numpy, assert_same_continuation, reference_generate
+from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, save_tiny
 
 PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
 
@@ -41,6 +41,55 @@ def test_decoding_runs_no_operation_on_the_cpu(tiny, name):
     model.generate(np.array([PROMPTS[1]]), max_new_tokens=20, do_sample=True, top_k=5, top_p=0.9, seed=1)
     model.generate(np.array([PROMPTS[1]]), max_new_tokens=20)
     assert (runtime.counters() - before).fallbacks == {}
+
+
+def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
+    _, _, model = tiny("llama")
+    linears = [m for m in model.module.modules() if type(m) is torch.nn.Linear]
+    assert linears
+    with generation.in_out_weights(model, rows=1, capacity=generation.TRANSPOSE_FROM_STEPS):  # one row: [out, in]
+        assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
+    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2):  # too short to pay
+        assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
+    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS):
+        for linear in linears:
+            copy = getattr(linear, generation.IN_OUT)
+            assert linear.forward.__func__ is generation._linear
+            torch.testing.assert_close(copy.cpu(), linear.weight.cpu().t(), rtol=0, atol=0)
+            x = torch.randn(3, linear.in_features).to(copy.device)
+            torch.testing.assert_close(linear(x).cpu(), torch.nn.functional.linear(x, linear.weight, linear.bias).cpu())
+    assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)  # held only while the call runs
+
+
+@pytest.fixture(scope="module")
+def spread_llama(tmp_path_factory):
+    """A tiny Llama whose tokens depend on every weight (``spread``), and its PyTorch twin."""
+    import transformers
+
+    import hfax
+
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+    )  # fmt: skip
+    directory = tmp_path_factory.mktemp("llama-spread")
+    reference = save_tiny(config, directory, spread=True)
+    return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="torch_xla")
+
+
+def test_a_batched_long_call_chooses_pytorch_tokens_and_compiles_once(spread_llama):
+    # Rows and new tokens enough for the [in, out] copies (in_out_weights): prefill and every step read them.
+    ref, model = spread_llama
+    ids, mask = left_padded(PROMPTS)
+    new = generation.TRANSPOSE_FROM_STEPS
+    out = model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)
+    np.testing.assert_array_equal(as_numpy(out), reference_generate(ref, ids, mask, max_new_tokens=new, min_new_tokens=new))
+    before, traced = runtime.counters(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    model.generate(*left_padded(PROMPTS[::-1]), max_new_tokens=new - 5, min_new_tokens=new - 5)  # the same bucket, new copies
+    assert (runtime.counters() - before).compiles == 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
+    mlp = model.module.model.layers[0].mlp
+    assert mlp.gate_proj.forward.__func__ is generation._linear and not hasattr(mlp.gate_proj, generation.IN_OUT)
 
 
 def test_past_the_budget_requests_run_in_a_bucket_that_holds_them(tiny, monkeypatch):

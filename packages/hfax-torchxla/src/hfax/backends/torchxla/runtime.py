@@ -60,10 +60,14 @@ def device() -> torch.device:
     return torch_xla.device()
 
 
+def platform() -> str:
+    """The devices' platform, as PJRT names it: ``"CPU"``, ``"TPU"``, ``"CUDA"``."""
+    return xr.device_type() or "?"
+
+
 def devices() -> list[str]:
     """Every addressable device, as ``platform:index``."""
-    platform = xr.device_type() or "?"
-    return [f"{platform}:{index}" for index in range(xr.global_runtime_device_count())]
+    return [f"{platform()}:{index}" for index in range(xr.global_runtime_device_count())]
 
 
 @dataclasses.dataclass(frozen=True)
