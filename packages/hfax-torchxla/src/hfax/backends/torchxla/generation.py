@@ -66,9 +66,11 @@ def in_out_weights(model: Any, rows: int, capacity: int) -> Any:
     """Within: on one CPU device, for ``rows`` of two or more and a ``capacity`` of :data:`TRANSPOSE_FROM_STEPS`
     or more, every ``nn.Linear`` of ``model`` multiplies by an ``[in, out]`` copy of its weight.
 
-    torch_xla 2.9's XLA:CPU multiplies a few rows by PyTorch's ``[out, in]`` weight about five times slower
-    than by the same weight stored ``[in, out]`` (a ``[2048, 768]`` float32 weight, 8 rows: 1.19 against
-    0.22 ms; bfloat16 2.39 against 0.57; one row is faster ``[out, in]``: 0.14 against 0.26). The copies are
+    torch_xla 2.9's XLA:CPU multiplies a few rows by PyTorch's ``[out, in]`` weight three to seven times
+    slower than by the same weight stored ``[in, out]`` (a ``[2048, 768]`` weight, compiled with ``openxla``,
+    100 calls, 2-core EPYC; float32, 2 rows: 1.74 against 0.24 ms, 8 rows: 1.16 against 0.26, 32 rows: 1.66
+    against 1.26; bfloat16, 8 rows: 1.93 against 0.64). One row is as fast ``[out, in]`` in float32 (0.19
+    against 0.15) and much faster in bfloat16 (0.16 against 2.86), so batch 1 keeps it. The copies are
     made with the prompt's graph, so they cost one transpose of the weights per call and hold memory for
     it while the call runs; the modules' own weights are untouched. The forwards are patched through
     ``hfax.Patcher`` (undone by ``hfax.unpatch``); without a copy they are ``nn.Linear``'s.
