@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hfax.backends.torchxla import generation, runtime
-from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, save_tiny
+from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, save_tiny, tiny_config
 
 PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
 
@@ -49,7 +49,7 @@ def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
     assert linears
     with generation.in_out_weights(model, rows=1, capacity=generation.TRANSPOSE_FROM_STEPS):  # one row: [out, in]
         assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
-    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2):  # too short to pay
+    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2):  # a short call
         assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
     with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS):
         for linear in linears:
@@ -58,22 +58,20 @@ def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
             torch.testing.assert_close(copy.cpu(), linear.weight.cpu().t(), rtol=0, atol=0)
             x = torch.randn(3, linear.in_features).to(copy.device)
             torch.testing.assert_close(linear(x).cpu(), torch.nn.functional.linear(x, linear.weight, linear.bias).cpu())
+            # The forward reads the copy, not the weight: a doubled copy doubles the product.
+            setattr(linear, generation.IN_OUT, 2 * copy)
+            doubled = torch.nn.functional.linear(x, 2 * linear.weight, linear.bias)
+            torch.testing.assert_close(linear(x).cpu(), doubled.cpu())
     assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)  # held only while the call runs
 
 
 @pytest.fixture(scope="module")
 def spread_llama(tmp_path_factory):
-    """A tiny Llama whose tokens depend on every weight (``spread``), and its PyTorch twin."""
-    import transformers
-
+    """The tiny Llama with weights its tokens depend on (``spread``), and its PyTorch twin."""
     import hfax
 
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
-    )  # fmt: skip
     directory = tmp_path_factory.mktemp("llama-spread")
-    reference = save_tiny(config, directory, spread=True)
+    reference = save_tiny(tiny_config("llama"), directory, spread=True)
     return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="torch_xla")
 
 

@@ -46,6 +46,8 @@ EOS_SLOTS = 4
 
 
 #: The fewest rows, and new tokens, for which a call on CPU multiplies by ``[in, out]`` weights (:func:`in_out_weights`).
+#: Rows: measured (one row is as fast or faster ``[out, in]``). Steps: the JAX backend's threshold for its
+#: transposed copy, not measured separately here.
 TRANSPOSE_FROM_ROWS = 2
 TRANSPOSE_FROM_STEPS = 64
 #: The attribute under which an ``nn.Linear`` holds its ``[in, out]`` copy while a call runs.
