@@ -90,6 +90,27 @@ def test_a_batched_long_call_chooses_pytorch_tokens_and_compiles_once(spread_lla
     assert mlp.gate_proj.forward.__func__ is generation._linear and not hasattr(mlp.gate_proj, generation.IN_OUT)
 
 
+def test_bfloat16_copies_are_float32_and_change_no_token(tmp_path, monkeypatch):
+    # XLA:CPU computes a bfloat16 product in float32, converting the weights on every step; the copies are
+    # that conversion, made once per call. The tokens must be exactly those of the bfloat16 weights.
+    import hfax
+
+    reference = save_tiny(tiny_config("llama"), tmp_path, spread=True).to(torch.bfloat16)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="torch_xla", dtype="bfloat16")
+    ids, mask = left_padded(PROMPTS)
+    new = generation.TRANSPOSE_FROM_STEPS
+    with generation.in_out_weights(model, rows=len(PROMPTS), capacity=new):
+        copy = getattr(model.module.model.layers[0].mlp.down_proj, generation.IN_OUT)
+        assert copy.dtype == torch.float32
+        torch.testing.assert_close(copy.cpu(), model.module.model.layers[0].mlp.down_proj.weight.cpu().t().float(), rtol=0, atol=0)
+    copied = as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new))
+    monkeypatch.setattr(generation, "TRANSPOSE_FROM_STEPS", new + 1)  # the same bucket without copies
+    np.testing.assert_array_equal(copied, as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)))
+    # And PyTorch's bfloat16 model chooses the same tokens (the first 32; later, rounding may break a near tie).
+    expected = reference_generate(reference, ids, mask, max_new_tokens=32, min_new_tokens=32)
+    np.testing.assert_array_equal(copied[:, : expected.shape[1]], expected)
+
+
 def test_past_the_budget_requests_run_in_a_bucket_that_holds_them(tiny, monkeypatch):
     _, ref, model = tiny("gpt2")
     long_prompt = np.array([list(range(3, 40))])  # prompt bucket 64

@@ -13,7 +13,8 @@
 * Sampling and EOS handling run on device. The host syncs once per ``STREAM_CHUNK`` tokens, to stop when
   every row finished and to feed a streamer.
 * On CPU, a batched call of :data:`TRANSPOSE_FROM_STEPS` new tokens or more multiplies by an ``[in, out]``
-  copy of every ``nn.Linear`` weight, made once per call (see :func:`in_out_weights`).
+  copy of every ``nn.Linear`` weight, made once per call, float32 for a bfloat16 weight (see
+  :func:`in_out_weights`).
 * Compiled programs cost host memory that is never given back (on CPU, each maps its code: about 70
   programs of the 134M model exhaust ``vm.max_map_count`` and the process dies in LLVM). A process-wide
   compile budget (``HFAX_TORCHXLA_COMPILE_BUDGET`` programs) bounds them: past it, a request runs in the
@@ -55,12 +56,21 @@ IN_OUT = "hfax_weight_in_out"
 
 
 def _linear(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    """``nn.Linear.forward``, multiplying by the ``[in, out]`` copy of the weight while a call provides one."""
+    """``nn.Linear.forward``, multiplying by the ``[in, out]`` copy of the weight while a call provides one.
+
+    A float32 copy of a bfloat16 weight multiplies the input widened to float32, and the product is rounded
+    back to bfloat16: what XLA:CPU computes for the bfloat16 product itself.
+    """
     weight = self.__dict__.get(IN_OUT)
-    if weight is None:
+    if weight is None or input.dtype != self.weight.dtype:
         return torch.nn.functional.linear(input, self.weight, self.bias)
-    output = torch.matmul(input, weight)
+    output = torch.matmul(input.to(weight.dtype), weight).to(input.dtype)
     return output if self.bias is None else output + self.bias
+
+
+def _in_out_copy(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` stored ``[in, out]``; a bfloat16 weight widened to float32 (see :func:`in_out_weights`)."""
+    return weight.t().to(torch.float32 if weight.dtype == torch.bfloat16 else weight.dtype).contiguous()
 
 
 @contextlib.contextmanager
@@ -72,10 +82,21 @@ def in_out_weights(model: Any, rows: int, capacity: int) -> Any:
     slower than by the same weight stored ``[in, out]`` (a ``[2048, 768]`` weight, compiled with ``openxla``,
     100 calls, 2-core EPYC; float32, 2 rows: 1.74 against 0.24 ms, 8 rows: 1.16 against 0.26, 32 rows: 1.66
     against 1.26; bfloat16, 8 rows: 1.93 against 0.64). One row is as fast ``[out, in]`` in float32 (0.19
-    against 0.15) and much faster in bfloat16 (0.16 against 2.86), so batch 1 keeps it. The copies are
-    made with the prompt's graph, so they cost one transpose of the weights per call and hold memory for
-    it while the call runs; the modules' own weights are untouched. The forwards are patched through
-    ``hfax.Patcher`` (undone by ``hfax.unpatch``); without a copy they are ``nn.Linear``'s.
+    against 0.15) and much faster in bfloat16 (0.16 against 2.86), so batch 1 keeps it.
+
+    A bfloat16 weight is copied as float32. XLA:CPU has no bfloat16 product: it converts both operands to
+    float32 and rounds the result, so every decode step converted every weight again (the benchmark Llama at
+    batch 8, prompt 32, a 217 ms step: 268 ms of the two threads' time in conversions, 14 in products, by
+    ``torch_xla.debug.profiler``). The float32 copy is that conversion, done once per call, and the tokens
+    are the same (the test compares them). At batch 8 bfloat16 went from 37.7 to 85 tok/s at prompt 32 and
+    from 30.2 to 51 at prompt 512 (the earlier numbers are docs/PERFORMANCE.md's run). One row reads
+    bfloat16 weights without converting them; a float32 copy there measured slower (31-33 against 35-37
+    tok/s, alternating runs), so batch 1 keeps the bfloat16 weights.
+
+    The copies are made with the prompt's graph, so they cost one transpose of the weights per call and
+    hold memory for it while the call runs (twice the weights' bytes in bfloat16); the modules' own weights
+    are untouched. The forwards are patched through ``hfax.Patcher`` (undone by ``hfax.unpatch``); without a
+    copy they are ``nn.Linear``'s.
     """
     wanted = runtime.platform() == "CPU" and model.mesh is None and rows >= TRANSPOSE_FROM_ROWS and capacity >= TRANSPOSE_FROM_STEPS
     linears = [m for m in model.module.modules() if type(m) is torch.nn.Linear] if wanted else []
@@ -83,7 +104,7 @@ def in_out_weights(model: Any, rows: int, capacity: int) -> Any:
     try:
         for linear in linears:
             patcher.bind(linear, "forward", _linear)
-            setattr(linear, IN_OUT, linear.weight.t().contiguous())
+            setattr(linear, IN_OUT, _in_out_copy(linear.weight))
         yield
     finally:
         for linear in linears:
