@@ -11,8 +11,9 @@ first one's persistent compilation cache. For each model, dtype, batch and promp
 reports time to first token, steady decode throughput, trace and compile time of the first call (cold
 and cached), peak host memory, and the fraction of the memory-bandwidth bound: the bytes of weights and
 KV cache one decode step must read, divided by this machine's bandwidth (measured here with a large
-array copy), over the measured step time. It prints a table, writes a JSON record and regenerates
-docs/PERFORMANCE.md.
+array copy), over the measured step time. Beside that bound it measures what XLA:CPU's products reach over
+the same weights with nothing else in the loop (:func:`weight_products`), the ceiling for hfax's batch-1
+step on this machine. It prints a table, writes a JSON record and regenerates docs/PERFORMANCE.md.
 
 torch_xla 2.9 pins torch 2.9 and the rest runs torch 2.13, so no one environment holds every engine:
 ``--python ENGINE=PYTHON`` runs an engine's workers under another interpreter (one that has this
@@ -120,6 +121,48 @@ def memory_bandwidth(size_bytes: int = 512 << 20, repeats: int = 5) -> dict[str,
         result[f"read_{threads}_threads"] = source.nbytes / best
     result["bytes_per_s"] = max(value for key, value in result.items() if key.startswith("copy"))
     return result
+
+
+def weight_products(path: str, dtype: str, steps: int = 64, repeats: int = 5) -> dict[str, float]:
+    """The products alone: one row multiplied by every weight matrix of the model (each ``nn.Linear``, the
+    output layer among them) in a jitted loop of ``steps`` steps, in the forms hfax's JAX backend gives them
+    on one CPU device (``lowerings.linear``; 16-bit weights carried through the loop past a barrier and
+    multiplied as ``lowerings.row_products``). No attention, norms, cache writes or sampling: the speed of
+    XLA:CPU's own products over these bytes, so the batch-1 rows can be read against what XLA reaches at
+    all as well as against the copy bandwidth. Random weights of the model's shapes, best of ``repeats``."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import transformers
+    from hfax.backends.jax import lowerings
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    kind = getattr(jnp, dtype)
+    rng = np.random.default_rng(0)
+    weights = [jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * 0.02, kind) for shape in shapes]
+    widths = sorted({n for shape in shapes for n in shape})
+    sixteen_bits = jnp.finfo(kind).bits == 16
+
+    def step(_: Any, carry: Any) -> Any:
+        vectors, ws = carry
+        vectors = dict(vectors)
+        for w in ws:  # each product reads the last output of its input width: the order is kept
+            out = lowerings.linear(vectors[w.shape[1]][None], w)[0]
+            vectors[w.shape[0]] = vectors[w.shape[0]] + out * 1e-3
+        return vectors, jax.lax.optimization_barrier(ws) if sixteen_bits else ws
+
+    @jax.jit
+    def loop(vectors: Any, ws: Any) -> Any:
+        with lowerings.row_products(sixteen_bits):
+            return jax.lax.fori_loop(0, steps, step, (vectors, ws))[0]
+
+    vectors = {n: jnp.full((n,), 0.01, kind) for n in widths}
+    jax.block_until_ready(loop(vectors, weights))
+    best = min(timed(lambda: jax.block_until_ready(loop(vectors, weights)))[0] for _ in range(repeats))
+    return {"step_s": best / steps, "bytes": float(sum(w.nbytes for w in weights))}
 
 
 def machine() -> dict[str, Any]:
@@ -537,6 +580,7 @@ def run(plan: Plan) -> dict[str, Any]:
         path = model_path(model)
         for dtype in plan.dtypes:
             print(f"{model} {dtype}:", file=sys.stderr)
+            products = weight_products_in_worker(model, path, dtype)
             for engine in plan.engines:
                 if engine == "hfax-torchxla" and (reason := torchxla_missing(plan.pythons.get(engine))):
                     results += [Case(model, dtype, b, p, plan.new_tokens, engine, error=f"skipped: {reason}")
@@ -552,6 +596,11 @@ def run(plan: Plan) -> dict[str, Any]:
                                 case.cached_first_call_s = other.cached_first_call_s
                                 case.cached_trace_s, case.cached_compile_s = other.cached_trace_s, other.cached_compile_s
                     results += cold
+            # Measured before and after the engines, the faster kept: the machine's speed drifts over minutes.
+            again = weight_products_in_worker(model, path, dtype)
+            if "error" in products or ("error" not in again and again["step_s"] < products["step_s"]):
+                products = again
+            record.setdefault("weight_products", {}).setdefault(model, {})[dtype] = products
     # Measured again at the end: the larger figure is the conservative denominator.
     again = memory_bandwidth()
     bandwidth = {key: max(bandwidth[key], again[key]) for key in bandwidth}
@@ -559,6 +608,18 @@ def run(plan: Plan) -> dict[str, Any]:
                   finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))  # fmt: skip
     record["results"] = [summarize(case, results, bandwidth["bytes_per_s"]) for case in results]
     return record
+
+
+def weight_products_in_worker(model: str, path: str, dtype: str) -> dict[str, Any]:
+    """:func:`weight_products` in a fresh process (its weights' memory is its own); an error is recorded."""
+    print(f"  weight products alone {model} {dtype} ...", end="", flush=True, file=sys.stderr)
+    started = time.perf_counter()
+    found = subprocess.run([sys.executable, __file__, "--weight-products", json.dumps([path, dtype])],
+                           capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)  # fmt: skip
+    print(f" {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if found.returncode != 0:
+        return {"error": (found.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(found.stdout.strip().splitlines()[-1])
 
 
 def summarize(case: Case, results: list[Case], bandwidth: float) -> dict[str, Any]:
@@ -607,12 +668,38 @@ def table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def products_lines(record: dict[str, Any]) -> list[str]:
+    """One line per model and dtype: the weight products alone (:func:`weight_products`), and how close
+    each batch-1 row of the JAX backend comes to them."""
+    lines = []
+    bandwidth = record["bandwidth"]["bytes_per_s"]
+    for model, by_dtype in record.get("weight_products", {}).items():
+        for dtype, floor in by_dtype.items():
+            if "error" in floor:
+                lines.append(f"{model} {dtype}: not measured ({floor['error']})")
+                continue
+            step, moved = floor["step_s"], floor["bytes"]
+            rows = [r for r in record["results"] if (r["model"], r["dtype"], r["engine"], r["batch"]) == (model, dtype, "hfax-jax", 1)]
+            reached = ", ".join(f"{step / r['step_s']:.0%} of it at prompt {r['prompt']}" for r in rows if r["step_s"])
+            lines.append(
+                f"{model} {dtype}: {step * 1e3:.2f} ms per step, {1 / step:.1f} steps/s, {moved / step / 1e9:.1f} GB/s "
+                f"({moved / step / bandwidth:.0%} of the copy bandwidth)" + (f"; hfax-jax's batch-1 step runs at {reached}" if reached else "")
+            )  # fmt: skip
+    return lines
+
+
 def markdown(record: dict[str, Any]) -> str:
     m, bw = record["machine"], record["bandwidth"]
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     for engine, found in m.get("engine_versions", {}).items():
         versions += f"; {engine} under its own interpreter: " + ", ".join(f"{k} {v}" for k, v in found.items())
+    lines = products_lines(record)
+    products = "".join(
+        ["- Weight products alone (one row times every weight matrix in a jitted loop, in the JAX backend's forms; no\n"
+         "  attention, norms, cache writes or sampling; the most XLA:CPU's products reach over these bytes):\n"]
+        + [f"  - {line}\n" for line in lines]
+    ) if lines else ""  # fmt: skip
     return f"""# Performance
 
 Generated by `benchmarks/decode.py`; do not edit by hand: rerun the benchmark instead.
@@ -623,7 +710,7 @@ Generated by `benchmarks/decode.py`; do not edit by hand: rerun the benchmark in
 - Memory bandwidth (large array copy, read + write): {bw['bytes_per_s'] / 1e9:.1f} GB/s
   ({', '.join(f"{k.replace('_', ' ')}: {v / 1e9:.1f} GB/s" for k, v in bw.items() if k != 'bytes_per_s')})
 - Versions: {versions}
-
+{products}
 Greedy decoding of exactly `new_tokens` tokens from random prompts. *TTFT*: a one-token `generate`
 (prefill and the first token), best of the repeats. *decode tok/s*: batch × (new_tokens − 1) ÷ (best
 full call − TTFT). *% of BW bound*: (bytes of weights and KV cache one decode step reads ÷ bandwidth) ÷
@@ -654,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--probe-torchxla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--weight-products", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -663,6 +751,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.versions:
         print(json.dumps(versions()))
+        return 0
+    if args.weight_products:
+        print(json.dumps(weight_products(*json.loads(args.weight_products))))
         return 0
 
     def items(text: str, allowed: tuple[str, ...] | None = None) -> list[str]:
