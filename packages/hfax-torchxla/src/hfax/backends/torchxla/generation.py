@@ -89,8 +89,8 @@ def in_out_weights(model: Any, rows: int, capacity: int) -> Any:
     batch 8, prompt 32, a 217 ms step: 268 ms of the two threads' time in conversions, 14 in products, by
     ``torch_xla.debug.profiler``). The float32 copy is that conversion, done once per call, and the tokens
     are the same (the test compares them). At batch 8 bfloat16 went from 37.7 to 106.1 tok/s at prompt 32
-    and from 30.2 to 41.1 at prompt 512 (two full runs of ``benchmarks/decode.py``, the later one in
-    docs/PERFORMANCE.md). One row reads bfloat16 weights without converting them; a float32 copy there
+    and from 30.2 to 41.1 at prompt 512 (two full runs of ``benchmarks/decode.py``; docs/PERFORMANCE.md's
+    later run has 140.4 and 46.0). One row reads bfloat16 weights without converting them; a float32 copy there
     measured slower (31-33 against 35-37 tok/s, alternating runs), so batch 1 keeps the bfloat16 weights.
 
     The copies are made with the prompt's graph, so they cost one transpose of the weights per call and
