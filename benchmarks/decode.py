@@ -570,9 +570,7 @@ def run(plan: Plan) -> dict[str, Any]:
     record: dict[str, Any] = {"started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
                               "machine": machine(), "load_average_before": load_average()}  # fmt: skip
     for engine, python in plan.pythons.items():  # what the engines under other interpreters ran on
-        found = subprocess.run([python, __file__, "--versions"], capture_output=True, text=True)
-        failure = {"error": (found.stderr.strip().splitlines() or ["no output"])[-1]}
-        record["machine"].setdefault("engine_versions", {})[engine] = json.loads(found.stdout) if found.returncode == 0 else failure
+        record["machine"].setdefault("engine_versions", {})[engine] = _ask_self(python, "--versions")
     print("measuring memory bandwidth ...", file=sys.stderr)
     bandwidth = memory_bandwidth()
     results: list[Case] = []
@@ -597,10 +595,9 @@ def run(plan: Plan) -> dict[str, Any]:
                                 case.cached_trace_s, case.cached_compile_s = other.cached_trace_s, other.cached_compile_s
                     results += cold
             # Measured before and after the engines, the faster kept: the machine's speed drifts over minutes.
-            again = weight_products_in_worker(model, path, dtype)
-            if "error" in products or ("error" not in again and again["step_s"] < products["step_s"]):
-                products = again
-            record.setdefault("weight_products", {}).setdefault(model, {})[dtype] = products
+            both = [products, weight_products_in_worker(model, path, dtype)]
+            measured = [p for p in both if "error" not in p]
+            record.setdefault("weight_products", {}).setdefault(model, {})[dtype] = min(measured, key=lambda p: p["step_s"]) if measured else both[-1]
     # Measured again at the end: the larger figure is the conservative denominator.
     again = memory_bandwidth()
     bandwidth = {key: max(bandwidth[key], again[key]) for key in bandwidth}
@@ -610,16 +607,21 @@ def run(plan: Plan) -> dict[str, Any]:
     return record
 
 
+def _ask_self(python: str, *args: str) -> dict[str, Any]:
+    """This script run under ``python`` with ``args``: the JSON its last line prints, or its last error line."""
+    found = subprocess.run([python, __file__, *args], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    if found.returncode != 0:
+        return {"error": (found.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(found.stdout.strip().splitlines()[-1])
+
+
 def weight_products_in_worker(model: str, path: str, dtype: str) -> dict[str, Any]:
     """:func:`weight_products` in a fresh process (its weights' memory is its own); an error is recorded."""
     print(f"  weight products alone {model} {dtype} ...", end="", flush=True, file=sys.stderr)
     started = time.perf_counter()
-    found = subprocess.run([sys.executable, __file__, "--weight-products", json.dumps([path, dtype])],
-                           capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)  # fmt: skip
+    found = _ask_self(sys.executable, "--weight-products", json.dumps([path, dtype]))
     print(f" {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    if found.returncode != 0:
-        return {"error": (found.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return json.loads(found.stdout.strip().splitlines()[-1])
+    return found
 
 
 def summarize(case: Case, results: list[Case], bandwidth: float) -> dict[str, Any]:
