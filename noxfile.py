@@ -38,7 +38,16 @@ DIST = ROOT / "dist"
 TEST_ENV = {"HFAX_STRICT_PLUGINS": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 
 #: What plain `nox` (and so CI) runs. "torchxla" is last: its venv differs (torch 2.9), and its first run downloads 3.5 GB.
-nox.options.sessions = ["core", "jax", "llama", "gemma", "wheels", "install", "integration", "torchxla"]
+nox.options.sessions = [
+    "core",
+    "jax",
+    "llama",
+    "gemma",
+    "wheels",
+    "install",
+    "integration",
+    "torchxla",
+]
 
 #: The packages `integration` installs together (all of them that share constraints.txt's torch).
 INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"]
@@ -47,7 +56,9 @@ INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma
 def pyproject(directory: Path) -> dict:
     path = directory / "pyproject.toml"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: every distribution of hfax lives in packages/<name>/")
+        raise FileNotFoundError(
+            f"{path} is missing: every distribution of hfax lives in packages/<name>/"
+        )
     return nox.project.load_toml(path)
 
 
@@ -56,9 +67,12 @@ def sibling_dirs(package: str) -> list[Path]:
 
     hfax's distributions are not on an index: pip gets each as a local path, next to the package.
     """
+
     def hfax_requirements(directory: Path, extra: str | None) -> list[str]:
         project = pyproject(directory)["project"]
-        declared = project.get("dependencies", []) + project.get("optional-dependencies", {}).get(extra, [])
+        declared = project.get("dependencies", []) + project.get("optional-dependencies", {}).get(
+            extra, []
+        )
         names = (canonicalize_name(Requirement(spec).name) for spec in declared)
         return [name for name in names if name.startswith("hfax-")]
 
@@ -76,7 +90,9 @@ def test_package(session: nox.Session, package: str, constraints: Path = CONSTRA
     """Install ``package`` alone (plus its hfax siblings) into the session's fresh venv and run its tests."""
     directory = PACKAGES / package
     if "test" not in pyproject(directory)["project"].get("optional-dependencies", {}):
-        session.error(f"{directory}/pyproject.toml needs a [project.optional-dependencies] test extra (pytest, ...)")
+        session.error(
+            f"{directory}/pyproject.toml needs a [project.optional-dependencies] test extra (pytest, ...)"
+        )
     if not list((directory / "tests").glob("test_*.py")):
         session.error(f"{directory}/tests has no test_*.py: every package has tests")
     session.install("-c", str(constraints), f"{directory}[test]", *map(str, sibling_dirs(package)))
@@ -143,18 +159,29 @@ def wheelhouse() -> Path:
     ``wheels/torchxla`` in hfax's cache (``$HFAX_CACHE``, ``$XDG_CACHE_HOME/hfax`` or ``~/.cache/hfax``)."""
     if os.environ.get("HFAX_WHEELHOUSE"):
         return Path(os.environ["HFAX_WHEELHOUSE"])
-    cache = os.environ.get("HFAX_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfax"
+    cache = (
+        os.environ.get("HFAX_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfax"
+    )
     return Path(cache) / "wheels" / "torchxla"
 
 
 def pinned_requirements(constraints: Path) -> list[tuple[Requirement, str]]:
     """Each requirement of ``constraints`` with its full text (``name==version`` and its ``--hash`` options)."""
-    text = "\n".join(line for line in constraints.read_text().splitlines() if not line.lstrip().startswith("#"))
+    text = "\n".join(
+        line for line in constraints.read_text().splitlines() if not line.lstrip().startswith("#")
+    )
     pins = []
-    for entry in (" ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line.strip()):
+    for entry in (
+        " ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line.strip()
+    ):
         requirement = Requirement(entry.split(" --hash=")[0])
-        if [spec.operator for spec in requirement.specifier] != ["=="] or "--hash=sha256:" not in entry:
-            raise ValueError(f"{constraints.name}: {entry!r} must pin one version with ==, with its --hash=sha256:...")
+        if [spec.operator for spec in requirement.specifier] != [
+            "=="
+        ] or "--hash=sha256:" not in entry:
+            raise ValueError(
+                f"{constraints.name}: {entry!r} must pin one version with ==, with its --hash=sha256:..."
+            )
         pins.append((requirement, entry))
     return pins
 
@@ -165,7 +192,10 @@ def missing_wheels(pins: list[tuple[Requirement, str]], directory: Path) -> list
     from packaging.version import Version
 
     held = {parse_wheel_filename(wheel.name)[:2] for wheel in directory.glob("*.whl")}
-    wanted = [((canonicalize_name(req.name), Version(next(iter(req.specifier)).version)), entry) for req, entry in pins]
+    wanted = [
+        ((canonicalize_name(req.name), Version(next(iter(req.specifier)).version)), entry)
+        for req, entry in pins
+    ]
     return [entry for key, entry in wanted if key not in held]
 
 
@@ -185,30 +215,63 @@ def torchxla(session: nox.Session) -> None:
         session.log(f"downloading {len(missing)} pinned wheels into {house}")
         listing = Path(session.create_tmp()) / "missing-wheels.txt"
         listing.write_text("\n".join(missing) + "\n")
-        session.run_install("python", "-m", "pip", "download", "--no-deps", "--require-hashes", "--dest", str(house), "-r", str(listing))
+        session.run_install(
+            "python",
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--dest",
+            str(house),
+            "-r",
+            str(listing),
+        )
     # --no-compile: byte-compiling all of torch takes longer than unpacking it (here 183 s against 97 s, CPU
     # time 73 s against 42 s); the tests import a small part of it, compiled on import.
     session.install(
-        "--no-index", "--find-links", str(house), "--no-deps", "--require-hashes", "--no-compile", "-r", str(CONSTRAINTS_TORCHXLA)
+        "--no-index",
+        "--find-links",
+        str(house),
+        "--no-deps",
+        "--require-hashes",
+        "--no-compile",
+        "-r",
+        str(CONSTRAINTS_TORCHXLA),
     )
     session.install("--no-deps", str(directory), *map(str, siblings))
     session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
-    run_tests(session, directory / "tests", ROOT / "tests" / "test_parity.py", env={**TEST_ENV, "PJRT_DEVICE": "CPU"})
+    run_tests(
+        session,
+        directory / "tests",
+        ROOT / "tests" / "test_parity.py",
+        env={**TEST_ENV, "PJRT_DEVICE": "CPU"},
+    )
 
 
 def wheel_contents(wheel: Path) -> tuple[str, list[str], dict[str, str]]:
     """A wheel's distribution name, file names and ``hfax`` entry points."""
     with zipfile.ZipFile(wheel) as archive:
         files = archive.namelist()
-        dist_info = next(name.split("/")[0] for name in files if name.endswith(".dist-info/METADATA"))
+        dist_info = next(
+            name.split("/")[0] for name in files if name.endswith(".dist-info/METADATA")
+        )
         metadata = archive.read(f"{dist_info}/METADATA").decode()
-        name = next(line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Name:"))
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in metadata.splitlines()
+            if line.startswith("Name:")
+        )
         parser = configparser.ConfigParser(delimiters=("=",))
         parser.optionxform = str  # entry-point names are case-sensitive
         if f"{dist_info}/entry_points.txt" in files:
             parser.read_string(archive.read(f"{dist_info}/entry_points.txt").decode())
     entry_points = dict(parser["hfax"]) if parser.has_section("hfax") else {}
-    return canonicalize_name(name), [name for name in files if not name.startswith(dist_info + "/")], entry_points
+    return (
+        canonicalize_name(name),
+        [name for name in files if not name.startswith(dist_info + "/")],
+        entry_points,
+    )
 
 
 def wheel_problems(name: str, files: list[str], entry_points: dict[str, str]) -> list[str]:
@@ -220,14 +283,20 @@ def wheel_problems(name: str, files: list[str], entry_points: dict[str, str]) ->
         problems.append("hfax/__init__.py must be in hfax-core's wheel and in no other")
     for shared in ("hfax/backends/__init__.py", "hfax/patches/__init__.py"):
         if shared in files:
-            problems.append(f"ships {shared}: hfax.backends / hfax.patches are namespaces shared by several wheels")
-    problems += [f"ships {path} outside the hfax package" for path in files if not path.startswith("hfax/")]
+            problems.append(
+                f"ships {shared}: hfax.backends / hfax.patches are namespaces shared by several wheels"
+            )
+    problems += [
+        f"ships {path} outside the hfax package" for path in files if not path.startswith("hfax/")
+    ]
     if name != "hfax-core" and not entry_points:
         problems.append("declares no entry point in the `hfax` group: hfax would never load it")
     for plugin, target in entry_points.items():
         module = target.split(":")[0].strip().replace(".", "/")
         if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
-            problems.append(f"entry point {plugin} = {target} names a module the wheel does not contain")
+            problems.append(
+                f"entry point {plugin} = {target} names a module the wheel does not contain"
+            )
     return problems
 
 
@@ -236,21 +305,45 @@ def wheels(session: nox.Session) -> None:
     """Build every wheel into dist/ and check the namespace split: who owns hfax/__init__.py, entry points."""
     packages = sorted(path.parent for path in PACKAGES.glob("*/pyproject.toml"))
     meta = pyproject(ROOT)["project"]
-    declared = [spec for group in [meta["dependencies"], *meta["optional-dependencies"].values()] for spec in group]
+    declared = [
+        spec
+        for group in [meta["dependencies"], *meta["optional-dependencies"].values()]
+        for spec in group
+    ]
     names = {canonicalize_name(Requirement(spec).name) for spec in declared}
-    missing = sorted(name for name in names if name.startswith("hfax-") and not (PACKAGES / name).is_dir())
+    missing = sorted(
+        name for name in names if name.startswith("hfax-") and not (PACKAGES / name).is_dir()
+    )
     if missing:
-        session.error(f"the hfax meta-distribution names packages that packages/ lacks: {', '.join(missing)}")
+        session.error(
+            f"the hfax meta-distribution names packages that packages/ lacks: {', '.join(missing)}"
+        )
     shutil.rmtree(DIST, ignore_errors=True)
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(DIST), str(ROOT), *map(str, packages))
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--wheel-dir",
+        str(DIST),
+        str(ROOT),
+        *map(str, packages),
+    )
     problems, built = [], set()
     for wheel in sorted(DIST.glob("*.whl")):
         name, files, entry_points = wheel_contents(wheel)
         built.add(name)
-        problems += [f"{wheel.name}: {problem}" for problem in wheel_problems(name, files, entry_points)]
-        plugins = ", ".join(f"{plugin} = {target}" for plugin, target in entry_points.items()) or "-"
+        problems += [
+            f"{wheel.name}: {problem}" for problem in wheel_problems(name, files, entry_points)
+        ]
+        plugins = (
+            ", ".join(f"{plugin} = {target}" for plugin, target in entry_points.items()) or "-"
+        )
         session.log(f"{wheel.name}: {len(files)} files; hfax entry points: {plugins}")
-    expected = {"hfax"} | {canonicalize_name(pyproject(path)["project"]["name"]) for path in packages}
+    expected = {"hfax"} | {
+        canonicalize_name(pyproject(path)["project"]["name"]) for path in packages
+    }
     problems += [f"no wheel was built for {name}" for name in sorted(expected - built)]
     if problems:
         session.error("wheel check failed:\n  " + "\n  ".join(problems))
@@ -262,11 +355,20 @@ def venv_bin(venv: Path, program: str) -> str:
 
 def check_installed_from_dist(session: nox.Session, report: Path, expected: set[str]) -> None:
     """Every hfax distribution pip installed (per its --report) is one of ours, from dist/."""
-    installed = {item["metadata"]["name"]: item["download_info"]["url"] for item in json.loads(report.read_text())["install"]}
-    ours = {canonicalize_name(name): url for name, url in installed.items() if canonicalize_name(name).startswith("hfax")}
+    installed = {
+        item["metadata"]["name"]: item["download_info"]["url"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    ours = {
+        canonicalize_name(name): url
+        for name, url in installed.items()
+        if canonicalize_name(name).startswith("hfax")
+    }
     if set(ours) != expected:
         session.error(f"expected to install {sorted(expected)} from dist/, got {sorted(ours)}")
-    strays = [f"{name} from {url}" for name, url in ours.items() if not url.startswith(DIST.as_uri())]
+    strays = [
+        f"{name} from {url}" for name, url in ours.items() if not url.startswith(DIST.as_uri())
+    ]
     if strays:
         session.error(f"installed from outside dist/: {strays}")
 
@@ -289,12 +391,25 @@ def install(session: nox.Session) -> None:
     """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax."""
     tmp = Path(session.create_tmp())
     report = tmp / "hfax-jax.json"
-    session.install("--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax[jax]")
-    check_installed_from_dist(session, report, {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"})
-    session.run("python", "-c", "import hfax, hfax.backends.jax, hfax.patches.llama, hfax.patches.gemma", env=TEST_ENV)
+    session.install(
+        "--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax[jax]"
+    )
+    check_installed_from_dist(
+        session,
+        report,
+        {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"},
+    )
+    session.run(
+        "python",
+        "-c",
+        "import hfax, hfax.backends.jax, hfax.patches.llama, hfax.patches.gemma",
+        env=TEST_ENV,
+    )
     listing = session.run("hfax", "plugins", env=TEST_ENV, silent=True)
     session.log(listing)
-    status = {line.split()[1]: line.split()[3] for line in listing.splitlines() if len(line.split()) >= 4}
+    status = {
+        line.split()[1]: line.split()[3] for line in listing.splitlines() if len(line.split()) >= 4
+    }
     for distribution in ("hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"):
         if status.get(distribution) != "loaded":
             session.error(f"`hfax plugins` does not show {distribution} as loaded")
@@ -306,10 +421,23 @@ def install(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "virtualenv", "--quiet", str(core_only), external=True)
     report = tmp / "hfax-core.json"
     pip = [venv_bin(core_only, "python"), "-m", "pip"]
-    session.run(*pip, "install", "--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax-core", external=True)
+    session.run(
+        *pip,
+        "install",
+        "--find-links",
+        str(DIST),
+        "-c",
+        str(CONSTRAINTS),
+        "--report",
+        str(report),
+        "hfax-core",
+        external=True,
+    )
     check_installed_from_dist(session, report, {"hfax-core"})
     listed = session.run(*pip, "list", "--format=json", silent=True, external=True, stderr=None)
-    installed = {canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])}
+    installed = {
+        canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])
+    }
     heavy = sorted(installed & {"torch", "jax", "jaxlib", "torchax", "torch-xla"})
     if heavy:
         session.error(f"pip install hfax-core pulled in {', '.join(heavy)}")
@@ -322,7 +450,9 @@ def integration(session: nox.Session) -> None:
     """All packages installed editable together (tests/test_namespace.py checks they import), then tests/."""
     editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
     session.install("-c", str(CONSTRAINTS), *editables, f"{ROOT}[demo]")
-    session.run("pytest", "--import-mode=importlib", str(ROOT / "tests"), *session.posargs, env=TEST_ENV)
+    session.run(
+        "pytest", "--import-mode=importlib", str(ROOT / "tests"), *session.posargs, env=TEST_ENV
+    )
 
 
 @nox.session(reuse_venv=True)
@@ -344,7 +474,10 @@ def bench(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
-    packages = [str(PACKAGES / package) for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")]
+    packages = [
+        str(PACKAGES / package)
+        for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")
+    ]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
 

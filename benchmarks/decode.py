@@ -45,7 +45,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("llama", "gemma")
-ENGINES = ("transformers-sdpa", "transformers-eager", "transformers-compile", "torchax-recipe", "hfax-jax", "hfax-torchxla")
+ENGINES = (
+    "transformers-sdpa",
+    "transformers-eager",
+    "transformers-compile",
+    "torchax-recipe",
+    "hfax-jax",
+    "hfax-torchxla",
+)
 #: Engines whose first call compiles; they run again in a second process that finds the persistent cache.
 CACHED_ENGINES = ("transformers-compile", "hfax-jax")
 BASELINES = ("transformers-sdpa", "transformers-eager")
@@ -54,9 +61,15 @@ WORKER_TIMEOUT_S = 3600
 
 #: The benchmark Llama: random weights, ~134M parameters.
 LLAMA_CONFIG = dict(
-    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048,
-    vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=12,
+    intermediate_size=2048,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 
 
 @dataclasses.dataclass
@@ -114,7 +127,10 @@ def memory_bandwidth(size_bytes: int = 512 << 20, repeats: int = 5) -> dict[str,
     cores = os.cpu_count() or 1
     result = {}
     for threads in sorted({1, cores}):
-        best = min(timed(lambda lo, hi: np.copyto(target[lo:hi], source[lo:hi]), threads) for _ in range(repeats))
+        best = min(
+            timed(lambda lo, hi: np.copyto(target[lo:hi], source[lo:hi]), threads)
+            for _ in range(repeats)
+        )
         result[f"copy_{threads}_threads"] = 2 * source.nbytes / best
     for threads in sorted({1, cores}):
         best = min(timed(lambda lo, hi: source[lo:hi].sum(), threads) for _ in range(repeats))
@@ -142,7 +158,9 @@ def weight_products(path: str, dtype: str, steps: int = 64, repeats: int = 5) ->
     shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kind = getattr(jnp, dtype)
     rng = np.random.default_rng(0)
-    weights = [jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * 0.02, kind) for shape in shapes]
+    weights = [
+        jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * 0.02, kind) for shape in shapes
+    ]
     widths = sorted({n for shape in shapes for n in shape})
     sixteen_bits = jnp.finfo(kind).bits == 16
 
@@ -161,7 +179,9 @@ def weight_products(path: str, dtype: str, steps: int = 64, repeats: int = 5) ->
 
     vectors = {n: jnp.full((n,), 0.01, kind) for n in widths}
     jax.block_until_ready(loop(vectors, weights))
-    best = min(timed(lambda: jax.block_until_ready(loop(vectors, weights)))[0] for _ in range(repeats))
+    best = min(
+        timed(lambda: jax.block_until_ready(loop(vectors, weights)))[0] for _ in range(repeats)
+    )
     return {"step_s": best / steps, "bytes": float(sum(w.nbytes for w in weights))}
 
 
@@ -178,7 +198,14 @@ def machine() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 memory = int(line.split()[1]) * 1024
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": memory, "platform": platform.platform(), "python": platform.python_version(), "versions": versions()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_bytes": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions(),
+    }
 
 
 VERSIONED = ("torch", "jax", "jaxlib", "torchax", "transformers", "torch_xla")
@@ -269,7 +296,10 @@ def step_bytes(path: str, dtype: str, batch: int, context: float) -> dict[str, f
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     window = getattr(text, "sliding_window", None)
-    seen = [min(context, window) if kind == "sliding_attention" and window else context for kind in types]
+    seen = [
+        min(context, window) if kind == "sliding_attention" and window else context
+        for kind in types
+    ]
     kv = 2 * batch * text.num_key_value_heads * head_dim * width * sum(seen)
     return {"weights": float(weights), "kv_cache": float(kv), "total": float(weights + kv)}
 
@@ -281,7 +311,10 @@ def step_bytes(path: str, dtype: str, batch: int, context: float) -> dict[str, f
 class JaxCompileClock:
     """Seconds JAX spent tracing (jaxpr and MLIR) and compiling (or reading the persistent cache)."""
 
-    TRACE = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+    TRACE = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    )
     COMPILE = ("/jax/core/compile/backend_compile_duration",)
 
     def __init__(self) -> None:
@@ -309,7 +342,9 @@ class Transformers:
 
         kwargs = {"attn_implementation": attention} if attention else {}
         self.torch = torch
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs).eval()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), **kwargs
+        ).eval()
         self.options: dict[str, Any] = {}
         self.clock = None
 
@@ -319,9 +354,14 @@ class Transformers:
         pad = pad if pad is not None else 0
         with torch.inference_mode():
             out = self.model.generate(
-                torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long), do_sample=False,
-                max_new_tokens=n, min_new_tokens=n, pad_token_id=pad, **self.options,
-            )  # fmt: skip
+                torch.from_numpy(ids),
+                attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=pad,
+                **self.options,
+            )
         return out[:, ids.shape[1] :].numpy()
 
 
@@ -347,13 +387,20 @@ class TorchaxRecipe:
         import jax
         import torch
         import transformers
-        from hfax.backends.jax.runtime import torchax  # torchax under torch 2.13 needs hfax's import bridge
+        from hfax.backends.jax.runtime import (
+            torchax,
+        )  # torchax under torch 2.13 needs hfax's import bridge
 
         self.jax, self.torch, self.transformers = jax, torch, transformers
         self.env = torchax.default_env()
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype)
+        ).eval()
         self.model = model
-        self.weights = {name: self.env.to_xla(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
+        self.weights = {
+            name: self.env.to_xla(t)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]
+        }
         # Every layer keeps full-length keys and values: StaticCache's sliding layers count tokens in Python
         # ints, which a jitted step would freeze. transformers' masks still apply each layer's window.
         self.cache_config = copy.deepcopy(model.config.get_text_config(decoder=True))
@@ -365,12 +412,16 @@ class TorchaxRecipe:
         self.clock = JaxCompileClock()
 
     def _step(self, weights: Any, input_ids: Any, cache_position: Any, kv: Any) -> Any:
-        cache = self.transformers.StaticCache(config=self.cache_config, max_cache_len=kv[0][0].shape[2])
+        cache = self.transformers.StaticCache(
+            config=self.cache_config, max_cache_len=kv[0][0].shape[2]
+        )
         for layer, (keys, values) in zip(cache.layers, kv):
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             layer.cumulative_length = cache_position[0].clone()
-        inputs = dict(past_key_values=cache, cache_position=cache_position, use_cache=True, logits_to_keep=1)
+        inputs = dict(
+            past_key_values=cache, cache_position=cache_position, use_cache=True, logits_to_keep=1
+        )
         out = self.torch.func.functional_call(self.model, weights, (input_ids,), inputs)
         return out.logits[:, -1], [(layer.keys, layer.values) for layer in cache.layers]
 
@@ -382,19 +433,36 @@ class TorchaxRecipe:
     def generate(self, ids: np.ndarray, n: int) -> np.ndarray:
         torch, config = self.torch, self.cache_config
         batch, length = ids.shape
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         shape = (batch, config.num_key_value_heads, length + n, head_dim)
         with self.env:
-            kv = [(torch.zeros(shape, dtype=self.model.dtype, device="jax"), torch.zeros(shape, dtype=self.model.dtype, device="jax"))
-                  for _ in range(config.num_hidden_layers)]  # fmt: skip
-            logits, kv = self.step(self.weights, self.env.to_xla(torch.from_numpy(ids)), torch.arange(length, device="jax"), kv)
+            kv = [
+                (
+                    torch.zeros(shape, dtype=self.model.dtype, device="jax"),
+                    torch.zeros(shape, dtype=self.model.dtype, device="jax"),
+                )
+                for _ in range(config.num_hidden_layers)
+            ]
+            logits, kv = self.step(
+                self.weights,
+                self.env.to_xla(torch.from_numpy(ids)),
+                torch.arange(length, device="jax"),
+                kv,
+            )
         tokens = []
         for index in range(n):
             tokens.append(self._choose(logits))
             if index + 1 < n:
                 with self.env:
                     position = torch.tensor([length + index], device="jax")
-                    logits, kv = self.step(self.weights, self.env.to_xla(torch.from_numpy(tokens[-1][:, None])), position, kv)
+                    logits, kv = self.step(
+                        self.weights,
+                        self.env.to_xla(torch.from_numpy(tokens[-1][:, None])),
+                        position,
+                        kv,
+                    )
         return np.stack(tokens, axis=1)
 
 
@@ -417,7 +485,9 @@ class Hfax:
 def torchxla_missing(python: str | None = None) -> str | None:
     """Why the torch_xla backend cannot run under ``python`` (default: this interpreter), or None."""
     if python is not None:
-        probe = subprocess.run([python, __file__, "--probe-torchxla"], capture_output=True, text=True)
+        probe = subprocess.run(
+            [python, __file__, "--probe-torchxla"], capture_output=True, text=True
+        )
         if probe.returncode != 0:
             tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
             return f"{python} cannot run this script: {tail}"
@@ -453,7 +523,9 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
-def measure(engine: Any, case: Case, ids: np.ndarray, repeats: int, budget_s: float, cached: bool) -> None:
+def measure(
+    engine: Any, case: Case, ids: np.ndarray, repeats: int, budget_s: float, cached: bool
+) -> None:
     """Fill ``case``: the first call (with what it spent compiling), then time to first token and the steady
     step time as the best of up to ``repeats`` calls each (fewer when a call takes more than ``budget_s``)."""
     memory = PeakMemory()
@@ -483,7 +555,9 @@ def measure(engine: Any, case: Case, ids: np.ndarray, repeats: int, budget_s: fl
     if before is not None:
         case.trace_s, case.compile_s = trace, compile_
     else:
-        case.compile_s = max(first - min(whole), 0.0)  # whatever the first call spent beyond a steady one
+        case.compile_s = max(
+            first - min(whole), 0.0
+        )  # whatever the first call spent beyond a steady one
     case.peak_rss_bytes = memory.peak()
 
 
@@ -500,7 +574,9 @@ def worker(spec: dict[str, Any]) -> None:
         raise
     vocab = engine_vocab(spec["path"])
     for case in cases:
-        ids = np.random.default_rng(0).integers(0, vocab, (case.batch, case.prompt)).astype(np.int64)
+        ids = (
+            np.random.default_rng(0).integers(0, vocab, (case.batch, case.prompt)).astype(np.int64)
+        )
         try:
             measure(engine, case, ids, spec["repeats"], spec["budget_s"], spec["cached"])
         except Exception as error:  # one failing shape must not hide the others
@@ -537,13 +613,31 @@ class Plan:
     pythons: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def run_worker(plan: Plan, engine: str, model: str, path: str, dtype: str, scratch: Path, cached: bool) -> list[Case]:
+def run_worker(
+    plan: Plan, engine: str, model: str, path: str, dtype: str, scratch: Path, cached: bool
+) -> list[Case]:
     """One engine in a fresh process; compile caches live in ``scratch`` (empty for the cold run)."""
     out = scratch / f"{engine}-{model}-{dtype}-{'cached' if cached else 'cold'}.jsonl"
-    cases = [Case(model, dtype, b, p, plan.new_tokens, engine) for b in plan.batches for p in plan.prompts]
-    spec = dict(engine=engine, path=path, dtype=dtype, cases=[dataclasses.asdict(c) for c in cases], out=str(out),
-                repeats=plan.repeats, budget_s=plan.budget_s, cached=cached)  # fmt: skip
-    env = dict(os.environ, HFAX_CACHE=str(scratch / "hfax"), TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"))
+    cases = [
+        Case(model, dtype, b, p, plan.new_tokens, engine)
+        for b in plan.batches
+        for p in plan.prompts
+    ]
+    spec = dict(
+        engine=engine,
+        path=path,
+        dtype=dtype,
+        cases=[dataclasses.asdict(c) for c in cases],
+        out=str(out),
+        repeats=plan.repeats,
+        budget_s=plan.budget_s,
+        cached=cached,
+    )
+    env = dict(
+        os.environ,
+        HFAX_CACHE=str(scratch / "hfax"),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+    )
     log = scratch / (out.stem + ".log")
     label = f"{engine} {model} {dtype}{' (cached)' if cached else ''}"
     print(f"  {label} ...", end="", flush=True, file=sys.stderr)
@@ -551,26 +645,43 @@ def run_worker(plan: Plan, engine: str, model: str, path: str, dtype: str, scrat
     with log.open("w") as stderr:
         try:
             python = plan.pythons.get(engine, sys.executable)
-            status = subprocess.run([python, __file__, "--worker", json.dumps(spec)], env=env, stdout=stderr,
-                                    stderr=stderr, timeout=WORKER_TIMEOUT_S).returncode  # fmt: skip
+            status = subprocess.run(
+                [python, __file__, "--worker", json.dumps(spec)],
+                env=env,
+                stdout=stderr,
+                stderr=stderr,
+                timeout=WORKER_TIMEOUT_S,
+            ).returncode
         except subprocess.TimeoutExpired:
             status = "timeout"
     print(f" {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    done = [Case(**json.loads(line)) for line in out.read_text().splitlines()] if out.exists() else []
+    done = (
+        [Case(**json.loads(line)) for line in out.read_text().splitlines()] if out.exists() else []
+    )
     if status != 0 and len(done) < len(cases):
         tail = log.read_text()[-600:].strip().splitlines()
         reason = f"worker failed ({status}): {tail[-1] if tail else 'no output'}"
         finished = {(c.batch, c.prompt) for c in done}
-        done += [dataclasses.replace(c, error=reason) for c in cases if (c.batch, c.prompt) not in finished]
+        done += [
+            dataclasses.replace(c, error=reason)
+            for c in cases
+            if (c.batch, c.prompt) not in finished
+        ]
     return done
 
 
 def run(plan: Plan) -> dict[str, Any]:
     started = datetime.datetime.now(datetime.timezone.utc)
-    record: dict[str, Any] = {"started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-                              "machine": machine(), "load_average_before": load_average()}  # fmt: skip
+    record: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "machine": machine(),
+        "load_average_before": load_average(),
+    }
     for engine, python in plan.pythons.items():  # what the engines under other interpreters ran on
-        record["machine"].setdefault("engine_versions", {})[engine] = _ask_self(python, "--versions")
+        record["machine"].setdefault("engine_versions", {})[engine] = _ask_self(
+            python, "--versions"
+        )
     print("measuring memory bandwidth ...", file=sys.stderr)
     bandwidth = memory_bandwidth()
     results: list[Case] = []
@@ -580,36 +691,58 @@ def run(plan: Plan) -> dict[str, Any]:
             print(f"{model} {dtype}:", file=sys.stderr)
             products = weight_products_in_worker(model, path, dtype)
             for engine in plan.engines:
-                if engine == "hfax-torchxla" and (reason := torchxla_missing(plan.pythons.get(engine))):
-                    results += [Case(model, dtype, b, p, plan.new_tokens, engine, error=f"skipped: {reason}")
-                                for b in plan.batches for p in plan.prompts]  # fmt: skip
+                if engine == "hfax-torchxla" and (
+                    reason := torchxla_missing(plan.pythons.get(engine))
+                ):
+                    results += [
+                        Case(
+                            model, dtype, b, p, plan.new_tokens, engine, error=f"skipped: {reason}"
+                        )
+                        for b in plan.batches
+                        for p in plan.prompts
+                    ]
                     continue
                 with tempfile.TemporaryDirectory(prefix="hfax-bench-") as scratch:
                     cold = run_worker(plan, engine, model, path, dtype, Path(scratch), cached=False)
                     if engine in CACHED_ENGINES:
-                        cached = {(c.batch, c.prompt): c for c in run_worker(plan, engine, model, path, dtype, Path(scratch), cached=True)}
+                        cached = {
+                            (c.batch, c.prompt): c
+                            for c in run_worker(
+                                plan, engine, model, path, dtype, Path(scratch), cached=True
+                            )
+                        }
                         for case in cold:
                             other = cached.get((case.batch, case.prompt))
                             if other is not None:
                                 case.cached_first_call_s = other.cached_first_call_s
-                                case.cached_trace_s, case.cached_compile_s = other.cached_trace_s, other.cached_compile_s
+                                case.cached_trace_s, case.cached_compile_s = (
+                                    other.cached_trace_s,
+                                    other.cached_compile_s,
+                                )
                     results += cold
             # Measured before and after the engines, the faster kept: the machine's speed drifts over minutes.
             both = [products, weight_products_in_worker(model, path, dtype)]
             measured = [p for p in both if "error" not in p]
-            record.setdefault("weight_products", {}).setdefault(model, {})[dtype] = min(measured, key=lambda p: p["step_s"]) if measured else both[-1]
+            record.setdefault("weight_products", {}).setdefault(model, {})[dtype] = (
+                min(measured, key=lambda p: p["step_s"]) if measured else both[-1]
+            )
     # Measured again at the end: the larger figure is the conservative denominator.
     again = memory_bandwidth()
     bandwidth = {key: max(bandwidth[key], again[key]) for key in bandwidth}
-    record.update(bandwidth=bandwidth, load_average_after=load_average(),
-                  finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))  # fmt: skip
+    record.update(
+        bandwidth=bandwidth,
+        load_average_after=load_average(),
+        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
     record["results"] = [summarize(case, results, bandwidth["bytes_per_s"]) for case in results]
     return record
 
 
 def _ask_self(python: str, *args: str) -> dict[str, Any]:
     """This script run under ``python`` with ``args``: the JSON its last line prints, or its last error line."""
-    found = subprocess.run([python, __file__, *args], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    found = subprocess.run(
+        [python, __file__, *args], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S
+    )
     if found.returncode != 0:
         return {"error": (found.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     return json.loads(found.stdout.strip().splitlines()[-1])
@@ -628,7 +761,12 @@ def summarize(case: Case, results: list[Case], bandwidth: float) -> dict[str, An
     """The case with what is derived from it: throughput, bandwidth fraction, speedups, token agreement."""
     row = dataclasses.asdict(case)
     row["tokens_per_s"] = case.tokens_per_s
-    same = [c for c in results if (c.model, c.dtype, c.batch, c.prompt) == (case.model, case.dtype, case.batch, case.prompt)]
+    same = [
+        c
+        for c in results
+        if (c.model, c.dtype, c.batch, c.prompt)
+        == (case.model, case.dtype, case.batch, case.prompt)
+    ]
     if case.step_s:
         path = model_path(case.model)
         reads = step_bytes(path, case.dtype, case.batch, case.prompt + case.new_tokens / 2)
@@ -636,9 +774,13 @@ def summarize(case: Case, results: list[Case], bandwidth: float) -> dict[str, An
         row["bound_fraction"] = reads["total"] / bandwidth / case.step_s
         baselines = [c.tokens_per_s for c in same if c.engine in BASELINES and c.tokens_per_s]
         row["vs_baseline"] = case.tokens_per_s / max(baselines) if baselines else None
-    reference = next((c.tokens for c in same if c.engine == "transformers-eager" and c.tokens), None)
+    reference = next(
+        (c.tokens for c in same if c.engine == "transformers-eager" and c.tokens), None
+    )
     if reference and case.tokens:
-        row["agree"] = next((i for i, (a, b) in enumerate(zip(case.tokens, reference)) if a != b), len(reference))
+        row["agree"] = next(
+            (i for i, (a, b) in enumerate(zip(case.tokens, reference)) if a != b), len(reference)
+        )
     return row
 
 
@@ -652,20 +794,55 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
 
 def table(record: dict[str, Any]) -> str:
     """The results as a Markdown table, one row per model, dtype, shape and engine."""
-    header = ("model", "dtype", "batch", "prompt", "engine", "TTFT ms", "decode tok/s", "% of BW bound", "× baseline",
-              "trace s", "compile s", "cached trace+compile s", "peak RSS MB", f"agree /{AGREE_TOKENS}")  # fmt: skip
+    header = (
+        "model",
+        "dtype",
+        "batch",
+        "prompt",
+        "engine",
+        "TTFT ms",
+        "decode tok/s",
+        "% of BW bound",
+        "× baseline",
+        "trace s",
+        "compile s",
+        "cached trace+compile s",
+        "peak RSS MB",
+        f"agree /{AGREE_TOKENS}",
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in record["results"]:
         if r["error"]:
-            cells = [r["model"], r["dtype"], str(r["batch"]), str(r["prompt"]), r["engine"], r["error"][:80]] + [""] * (len(header) - 6)
-        else:
-            cached = None if r["cached_compile_s"] is None else r["cached_compile_s"] + (r["cached_trace_s"] or 0)
             cells = [
-                r["model"], r["dtype"], str(r["batch"]), str(r["prompt"]), r["engine"],
-                _fmt(r["ttft_s"], ".0f", 1e3), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("bound_fraction"), ".0f", 100),
-                _fmt(r.get("vs_baseline"), ".2f"), _fmt(r["trace_s"], ".2f"), _fmt(r["compile_s"], ".2f"),
-                _fmt(cached, ".2f"), _fmt(r["peak_rss_bytes"], ".0f", 1 / 2**20), _fmt(r.get("agree"), "d"),
-            ]  # fmt: skip
+                r["model"],
+                r["dtype"],
+                str(r["batch"]),
+                str(r["prompt"]),
+                r["engine"],
+                r["error"][:80],
+            ] + [""] * (len(header) - 6)
+        else:
+            cached = (
+                None
+                if r["cached_compile_s"] is None
+                else r["cached_compile_s"] + (r["cached_trace_s"] or 0)
+            )
+            cells = [
+                r["model"],
+                r["dtype"],
+                str(r["batch"]),
+                str(r["prompt"]),
+                r["engine"],
+                _fmt(r["ttft_s"], ".0f", 1e3),
+                _fmt(r["tokens_per_s"], ".1f"),
+                _fmt(r.get("bound_fraction"), ".0f", 100),
+                _fmt(r.get("vs_baseline"), ".2f"),
+                _fmt(r["trace_s"], ".2f"),
+                _fmt(r["compile_s"], ".2f"),
+                _fmt(cached, ".2f"),
+                _fmt(r["peak_rss_bytes"], ".0f", 1 / 2**20),
+                _fmt(r.get("agree"), "d"),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -681,12 +858,22 @@ def products_lines(record: dict[str, Any]) -> list[str]:
                 lines.append(f"{model} {dtype}: not measured ({floor['error']})")
                 continue
             step, moved = floor["step_s"], floor["bytes"]
-            rows = [r for r in record["results"] if (r["model"], r["dtype"], r["engine"], r["batch"]) == (model, dtype, "hfax-jax", 1)]
-            reached = ", ".join(f"{step / r['step_s']:.0%} of it at prompt {r['prompt']}" for r in rows if r["step_s"])
+            rows = [
+                r
+                for r in record["results"]
+                if (r["model"], r["dtype"], r["engine"], r["batch"])
+                == (model, dtype, "hfax-jax", 1)
+            ]
+            reached = ", ".join(
+                f"{step / r['step_s']:.0%} of it at prompt {r['prompt']}"
+                for r in rows
+                if r["step_s"]
+            )
             lines.append(
                 f"{model} {dtype}: {step * 1e3:.2f} ms per step, {1 / step:.1f} steps/s, {moved / step / 1e9:.1f} GB/s "
-                f"({moved / step / bandwidth:.0%} of the copy bandwidth)" + (f"; hfax-jax's batch-1 step runs at {reached}" if reached else "")
-            )  # fmt: skip
+                f"({moved / step / bandwidth:.0%} of the copy bandwidth)"
+                + (f"; hfax-jax's batch-1 step runs at {reached}" if reached else "")
+            )
     return lines
 
 
@@ -695,22 +882,30 @@ def markdown(record: dict[str, Any]) -> str:
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     for engine, found in m.get("engine_versions", {}).items():
-        versions += f"; {engine} under its own interpreter: " + ", ".join(f"{k} {v}" for k, v in found.items())
+        versions += f"; {engine} under its own interpreter: " + ", ".join(
+            f"{k} {v}" for k, v in found.items()
+        )
     lines = products_lines(record)
-    products = "".join(
-        ["- Weight products alone (one row times every weight matrix in a jitted loop, in the JAX backend's forms; no\n"
-         "  attention, norms, cache writes or sampling; the most XLA:CPU's products reach over these bytes):\n"]
-        + [f"  - {line}\n" for line in lines]
-    ) if lines else ""  # fmt: skip
+    products = (
+        "".join(
+            [
+                "- Weight products alone (one row times every weight matrix in a jitted loop, in the JAX backend's forms; no\n"
+                "  attention, norms, cache writes or sampling; the most XLA:CPU's products reach over these bytes):\n"
+            ]
+            + [f"  - {line}\n" for line in lines]
+        )
+        if lines
+        else ""
+    )
     return f"""# Performance
 
 Generated by `benchmarks/decode.py`; do not edit by hand: rerun the benchmark instead.
 
-- Command: `{record['command']}`
-- Measured {record['started']} to {record['finished']} on {m['cpu']} ({m['cores']} cores{memory}), {m['platform']}
-- Load average (1, 5, 15 min) before: {record['load_average_before']}, after: {record['load_average_after']}
-- Memory bandwidth (large array copy, read + write): {bw['bytes_per_s'] / 1e9:.1f} GB/s
-  ({', '.join(f"{k.replace('_', ' ')}: {v / 1e9:.1f} GB/s" for k, v in bw.items() if k != 'bytes_per_s')})
+- Command: `{record["command"]}`
+- Measured {record["started"]} to {record["finished"]} on {m["cpu"]} ({m["cores"]} cores{memory}), {m["platform"]}
+- Load average (1, 5, 15 min) before: {record["load_average_before"]}, after: {record["load_average_after"]}
+- Memory bandwidth (large array copy, read + write): {bw["bytes_per_s"] / 1e9:.1f} GB/s
+  ({", ".join(f"{k.replace('_', ' ')}: {v / 1e9:.1f} GB/s" for k, v in bw.items() if k != "bytes_per_s")})
 - Versions: {versions}
 {products}
 Greedy decoding of exactly `new_tokens` tokens from random prompts. *TTFT*: a one-token `generate`
@@ -727,19 +922,45 @@ first call took beyond a steady one); *cached*: the same in a second process wit
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, among {', '.join(MODELS)}")
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, among {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, among {', '.join(MODELS)}"
+    )
+    parser.add_argument(
+        "--engines", default=",".join(ENGINES), help=f"comma-separated, among {', '.join(ENGINES)}"
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--prompt", default="32,512", help="prompt lengths, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (best is kept)")
-    parser.add_argument("--budget", type=float, default=60.0, help="stop repeating once a shape took this many seconds")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "decode.json", help="JSON record to write")
-    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "PERFORMANCE.md", help="Markdown page to regenerate")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed calls per measurement (best is kept)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="stop repeating once a shape took this many seconds",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=ROOT / "benchmarks" / "results" / "decode.json",
+        help="JSON record to write",
+    )
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        default=ROOT / "docs" / "PERFORMANCE.md",
+        help="Markdown page to regenerate",
+    )
     parser.add_argument("--no-markdown", action="store_true", help="do not touch the Markdown page")
-    parser.add_argument("--python", action="append", default=[], metavar="ENGINE=PYTHON",
-                        help="run an engine's workers under another interpreter (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="ENGINE=PYTHON",
+        help="run an engine's workers under another interpreter (repeatable)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--probe-torchxla", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
@@ -769,18 +990,27 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.python:
         engine, _, python = item.partition("=")
         if engine not in ENGINES or not python:
-            parser.error(f"--python takes ENGINE=PYTHON with ENGINE among {', '.join(ENGINES)}, got {item!r}")
+            parser.error(
+                f"--python takes ENGINE=PYTHON with ENGINE among {', '.join(ENGINES)}, got {item!r}"
+            )
         if shutil.which(python) is None:
             parser.error(f"--python {item}: {python} is not an executable interpreter")
         pythons[engine] = python
     if args.new_tokens < 2:
-        parser.error("--new-tokens must be at least 2: the step time is the difference to a one-token call")
+        parser.error(
+            "--new-tokens must be at least 2: the step time is the difference to a one-token call"
+        )
     plan = Plan(
-        models=items(args.models, MODELS), engines=items(args.engines, ENGINES),
-        dtypes=items(args.dtypes, ("float32", "bfloat16")), batches=[int(b) for b in items(args.batch)],
-        prompts=[int(p) for p in items(args.prompt)], new_tokens=args.new_tokens, repeats=args.repeats, budget_s=args.budget,
+        models=items(args.models, MODELS),
+        engines=items(args.engines, ENGINES),
+        dtypes=items(args.dtypes, ("float32", "bfloat16")),
+        batches=[int(b) for b in items(args.batch)],
+        prompts=[int(p) for p in items(args.prompt)],
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        budget_s=args.budget,
         pythons=pythons,
-    )  # fmt: skip
+    )
     record = run(plan)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")

@@ -51,7 +51,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+    )
 
     import jax
     import numpy as np
@@ -61,24 +63,37 @@ def main() -> None:
     import hfax
 
     config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-        num_key_value_heads=12, max_position_embeddings=2048,
-    )  # fmt: skip
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=2048,
+    )
     ids = np.random.default_rng(0).integers(3, config.vocab_size, (args.batch, args.prompt))
     options = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens}
-    print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} devices, {os.cpu_count()} CPU cores")
+    print(
+        f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} devices, {os.cpu_count()} CPU cores"
+    )
     with tempfile.TemporaryDirectory() as directory:
         torch.manual_seed(0)
         transformers.LlamaForCausalLM(config).save_pretrained(directory)
         gc.collect()
-        print(f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, float32, best of {args.runs} runs\n")
-        print(f"{'mesh':<16}{'weights/device':>15}{'planned':>10}{'load s':>8}{'compile s':>10}{'tokens/s':>10}  same tokens")
+        print(
+            f"batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, float32, best of {args.runs} runs\n"
+        )
+        print(
+            f"{'mesh':<16}{'weights/device':>15}{'planned':>10}{'load s':>8}{'compile s':>10}{'tokens/s':>10}  same tokens"
+        )
         reference, memory = None, []
         for label, sizes in MESHES.items():
             planned = hfax.AutoModelForTPU.plan(directory, mesh=sizes)
             memory = memory or [rss(reset_peak=True)[0]]
             started = time.perf_counter()
-            model = hfax.AutoModelForTPU.from_pretrained(directory, mesh=hfax.make_mesh(**sizes) if sizes else None)
+            model = hfax.AutoModelForTPU.from_pretrained(
+                directory, mesh=hfax.make_mesh(**sizes) if sizes else None
+            )
             loaded = time.perf_counter() - started
             memory = memory if len(memory) > 1 else [memory[0], *rss()]
             placed = model.sharding_report()

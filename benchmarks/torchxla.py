@@ -30,9 +30,17 @@ def benchmark_config():
     import transformers
 
     return transformers.LlamaConfig(
-        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
-        vocab_size=32000, max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 class LazySteps:
@@ -53,7 +61,9 @@ class LazySteps:
         return step
 
 
-def measure(engine: str, checkpoint: Path, prompt_length: int, new_tokens: int, repeats: int) -> dict:
+def measure(
+    engine: str, checkpoint: Path, prompt_length: int, new_tokens: int, repeats: int
+) -> dict:
     """Run in the worker: load, generate once (compiling), then ``repeats`` timed generations."""
     import numpy as np
 
@@ -117,9 +127,16 @@ def measure(engine: str, checkpoint: Path, prompt_length: int, new_tokens: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--python", action="append", default=[], metavar="ENGINE=PYTHON",
-                        help="interpreter for an engine (torch_xla, torch_xla_lazy, jax); repeatable")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="ENGINE=PYTHON",
+        help="interpreter for an engine (torch_xla, torch_xla_lazy, jax); repeatable",
+    )
     parser.add_argument("--prompt-length", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,18 +144,33 @@ def main() -> None:
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        result = measure(args.worker, Path(args.checkpoint), args.prompt_length, args.new_tokens, args.repeats)
+        result = measure(
+            args.worker, Path(args.checkpoint), args.prompt_length, args.new_tokens, args.repeats
+        )
         print("RESULT " + json.dumps(result))
         return
     pythons = dict(item.split("=", 1) for item in args.python) or {"torch_xla": sys.executable}
-    runs = [(engine, python) for engine, python in pythons.items()] + [("eager", next(iter(pythons.values())))]
+    runs = [(engine, python) for engine, python in pythons.items()] + [
+        ("eager", next(iter(pythons.values())))
+    ]
     rows, load_before = [], os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "llama-134m"
         for engine, python in runs:
-            command = [python, __file__, "--worker", engine, "--checkpoint", str(checkpoint),
-                       "--prompt-length", str(args.prompt_length), "--new-tokens", str(args.new_tokens),
-                       "--repeats", str(args.repeats)]  # fmt: skip
+            command = [
+                python,
+                __file__,
+                "--worker",
+                engine,
+                "--checkpoint",
+                str(checkpoint),
+                "--prompt-length",
+                str(args.prompt_length),
+                "--new-tokens",
+                str(args.new_tokens),
+                "--repeats",
+                str(args.repeats),
+            ]
             env = {**os.environ, "PJRT_DEVICE": "CPU", "HFAX_CACHE": str(Path(tmp) / "cache")}
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -146,9 +178,13 @@ def main() -> None:
                 sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
             rows.append(json.loads(lines[-1].removeprefix("RESULT ")))
     reference = next(row["tokens"] for row in rows if row["engine"] == "eager")
-    print(f"random Llama 134M, batch 1, prompt {args.prompt_length}, {args.new_tokens} new tokens (greedy), CPU "
-          f"load (1-minute average) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")  # fmt: skip
-    print(f"{'engine':<15} {'version':<38} {'first call s':>12} {'compiles':>9} {'later':>6} {'tok/s':>7}  same tokens as eager")
+    print(
+        f"random Llama 134M, batch 1, prompt {args.prompt_length}, {args.new_tokens} new tokens (greedy), CPU "
+        f"load (1-minute average) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores"
+    )
+    print(
+        f"{'engine':<15} {'version':<38} {'first call s':>12} {'compiles':>9} {'later':>6} {'tok/s':>7}  same tokens as eager"
+    )
     for row in rows:
         print(
             f"{row['engine']:<15} {row['version']:<38} {row['first_seconds']:>12.1f} {row['first_compiles']:>9} "

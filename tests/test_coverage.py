@@ -17,7 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 # By path and under its own name: `import coverage` may find coverage.py, the measuring tool.
-_spec = importlib.util.spec_from_file_location("hfax_coverage_sweep", ROOT / "tools" / "coverage.py")
+_spec = importlib.util.spec_from_file_location(
+    "hfax_coverage_sweep", ROOT / "tools" / "coverage.py"
+)
 coverage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(coverage)
 
@@ -27,7 +29,9 @@ SAMPLE = int(os.environ.get("HFAX_COVERAGE_SAMPLE", "8"))
 
 def _passing(kind: str, check: str = "jax.generate") -> list[str]:
     section = DOCUMENT["kinds"].get(kind, {"rows": {}})
-    return sorted(arch for arch, row in section["rows"].items() if row["status"].get(check) == "pass")
+    return sorted(
+        arch for arch, row in section["rows"].items() if row["status"].get(check) == "pass"
+    )
 
 
 def sample() -> list[tuple[str, str]]:
@@ -35,7 +39,11 @@ def sample() -> list[tuple[str, str]]:
     causal = _passing("causal")
     count = max(SAMPLE - 3, 1)
     picked = [("causal", arch) for arch in causal[:: max(len(causal) // count, 1)][:count]]
-    for kind, check in (("seq2seq", "jax.generate"), ("encoder", "jax.jit"), ("classification", "jax.jit")):
+    for kind, check in (
+        ("seq2seq", "jax.generate"),
+        ("encoder", "jax.jit"),
+        ("classification", "jax.jit"),
+    ):
         passing = _passing(kind, check)
         if passing:
             picked.append((kind, passing[len(passing) // 2]))
@@ -64,34 +72,66 @@ def test_matrix_is_the_sweeps_output():
 def test_sample_still_passes():
     tasks = sample()
     assert len(tasks) >= min(SAMPLE, len(_passing("causal"))), tasks
-    results = coverage.sweep(tasks, jobs=int(os.environ.get("HFAX_COVERAGE_JOBS", "2")), timeout=300, progress=False)
+    results = coverage.sweep(
+        tasks, jobs=int(os.environ.get("HFAX_COVERAGE_JOBS", "2")), timeout=300, progress=False
+    )
     regressions = []
     for kind, arch in tasks:
         recorded = DOCUMENT["kinds"][kind]["rows"][arch]["status"]
         row = results[kind][arch]
         for check, state in recorded.items():
             if state == "pass" and row["status"].get(check) != "pass":
-                error = row["errors"].get(check) or row["errors"].get("_") or row["status"].get(check, "not run")
+                error = (
+                    row["errors"].get(check)
+                    or row["errors"].get("_")
+                    or row["status"].get(check, "not run")
+                )
                 regressions.append(f"{kind} {arch} {check}: {error}")
-    assert not regressions, "recorded as passing in docs/coverage.json, failing now:\n" + "\n".join(regressions)
+    assert not regressions, "recorded as passing in docs/coverage.json, failing now:\n" + "\n".join(
+        regressions
+    )
 
 
 def test_a_run_of_some_kinds_keeps_the_other_kinds_rows():
-    meta = {"generated": "2026-01-02", "minutes": 1.0, "versions": DOCUMENT["versions"], "backends": ["jax"], "unavailable": {}}
+    meta = {
+        "generated": "2026-01-02",
+        "minutes": 1.0,
+        "versions": DOCUMENT["versions"],
+        "backends": ["jax"],
+        "unavailable": {},
+    }
     row = {"status": {"reference": "pass"}, "errors": {}, "seconds": 1.0}
-    previous = coverage.summarize({"causal": {"llama": row}, "encoder": {"bert": row}}, {**meta, "generated": "2026-01-01"}, None)
+    previous = coverage.summarize(
+        {"causal": {"llama": row}, "encoder": {"bert": row}},
+        {**meta, "generated": "2026-01-01"},
+        None,
+    )
     again = coverage.summarize({"causal": {"llama": row}}, meta, previous)
-    assert again["kinds"]["encoder"] == previous["kinds"]["encoder"] and again["carried"] == {"encoder": "2026-01-01"}
+    assert again["kinds"]["encoder"] == previous["kinds"]["encoder"] and again["carried"] == {
+        "encoder": "2026-01-01"
+    }
     assert "the encoder rows by the run of 2026-01-01" in coverage.render(again)
-    other_backends = coverage.summarize({"causal": {"llama": row}}, {**meta, "backends": ["jax", "torch_xla"]}, previous)
-    assert "encoder" not in other_backends["kinds"]  # rows without the new backend's columns are not kept
+    other_backends = coverage.summarize(
+        {"causal": {"llama": row}}, {**meta, "backends": ["jax", "torch_xla"]}, previous
+    )
+    assert (
+        "encoder" not in other_backends["kinds"]
+    )  # rows without the new backend's columns are not kept
 
 
 def test_merge_replaces_the_rows_it_ran_again():
-    meta = {"generated": "2026-01-02", "minutes": 1.0, "versions": DOCUMENT["versions"], "backends": ["jax"], "unavailable": {}}
+    meta = {
+        "generated": "2026-01-02",
+        "minutes": 1.0,
+        "versions": DOCUMENT["versions"],
+        "backends": ["jax"],
+        "unavailable": {},
+    }
     passing = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
     failing = {"status": {"reference": "fail"}, "errors": {"reference": "boom"}, "seconds": 1.0}
-    previous = coverage.summarize({"causal": {"llama": failing, "gpt2": passing}}, {**meta, "generated": "2026-01-01"}, None)
+    previous = coverage.summarize(
+        {"causal": {"llama": failing, "gpt2": passing}}, {**meta, "generated": "2026-01-01"}, None
+    )
     merged = coverage.summarize({"causal": {"llama": passing}}, meta, previous, merge=True)
     assert merged["kinds"]["causal"]["rows"]["llama"]["status"]["jax.load"] == "pass"
     assert merged["kinds"]["causal"]["rows"]["gpt2"] == previous["kinds"]["causal"]["rows"]["gpt2"]

@@ -12,23 +12,41 @@ from hfax.plugins import families, plugin_infos, reset_plugins
 from hfax.testing import assert_same_logits, save_tiny
 
 FAMILIES = {"llama": "hfax-patches-llama", "gemma": "hfax-patches-gemma"}
-TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-CONFIGS = {"llama": lambda: transformers.LlamaConfig(**TINY), "gemma": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=16)}
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**TINY),
+    "gemma": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=16),
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_is_loaded_from_its_distribution(family):
     info = next(info for info in plugin_infos() if info.name == family)
-    assert (info.distribution, info.status, info.families) == (FAMILIES[family], "loaded", (family,))
+    assert (info.distribution, info.status, info.families) == (
+        FAMILIES[family],
+        "loaded",
+        (family,),
+    )
 
 
 def test_every_claimed_model_type_goes_to_exactly_its_family():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    claimed = {model_type: name for name, spec in families().items() for model_type in spec.model_types}
+    claimed = {
+        model_type: name for name, spec in families().items() for model_type in spec.model_types
+    }
     assert set(claimed.values()) == set(FAMILIES)
     for model_type, family in claimed.items():
-        assert hfax.detect_family(CONFIG_MAPPING[model_type]()) == family  # no PluginConflictError either
+        assert (
+            hfax.detect_family(CONFIG_MAPPING[model_type]()) == family
+        )  # no PluginConflictError either
     assert hfax.detect_family(transformers.GPT2Config()) == "generic"
 
 
@@ -37,7 +55,9 @@ def test_untested_transformers_versions_warn_and_strict_mode_raises(family, monk
     check_family_version(family)  # the installed transformers is a tested one: silent
     monkeypatch.setattr(transformers, "__version__", "5.99.0")
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "0")
-    with pytest.warns(UntestedVersionWarning, match=rf"family '{family}' was tested with transformers>=5.23,<5.24"):
+    with pytest.warns(
+        UntestedVersionWarning, match=rf"family '{family}' was tested with transformers>=5.23,<5.24"
+    ):
         check_family_version(family)
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
     with pytest.raises(RuntimeError, match=f"family '{family}'"):
@@ -47,13 +67,21 @@ def test_untested_transformers_versions_warn_and_strict_mode_raises(family, monk
 def test_an_untested_version_stops_loading_before_any_weight_in_strict_mode(monkeypatch, tmp_path):
     monkeypatch.setattr(transformers, "__version__", "5.99.0")
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
-    transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    transformers.LlamaConfig(
+        vocab_size=16,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    ).save_pretrained(tmp_path)
     with pytest.raises(RuntimeError, match="family 'llama' was tested with"):
         hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_padded_batches_match_pytorch_with_and_without_the_attention_patch(family, tmp_path, monkeypatch):
+def test_padded_batches_match_pytorch_with_and_without_the_attention_patch(
+    family, tmp_path, monkeypatch
+):
     """Both families switch JAX attention to `hfax_jax`; blocked, transformers' default (sdpa) runs through
     hfax-jax's lowering, which gives the padding queries that see no key zeros (as PyTorch does) instead of
     NaN. Both must give PyTorch's logits for a left-padded batch."""
@@ -78,8 +106,13 @@ def test_the_families_keep_transformers_sharding_plan(family):
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]())
-    plan = hfax.get_plugin_manager().hook.hfax_sharding_plan(model=model, config=model.config, family=family)
+    plan = hfax.get_plugin_manager().hook.hfax_sharding_plan(
+        model=model, config=model.config, family=family
+    )
     assert plan == _builtin.hfax_sharding_plan(model=model, config=model.config, family=family)
     assert plan.spec_for("model.layers.0.self_attn.q_proj.weight", 2) == ("model", None)
     assert plan.spec_for("model.layers.0.mlp.down_proj.weight", 2) == (None, "model")
-    assert plan.spec_for("model.embed_tokens.weight", 2) == ("model", None)  # the vocabulary, shared by lm_head
+    assert plan.spec_for("model.embed_tokens.weight", 2) == (
+        "model",
+        None,
+    )  # the vocabulary, shared by lm_head

@@ -14,8 +14,18 @@ TINY = dict(vocab_size=64, num_hidden_layers=2)
 @pytest.mark.parametrize(
     "config, two_d",
     [
-        (transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, **TINY), False),
-        (transformers.Gemma2Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8, **TINY), False),
+        (
+            transformers.LlamaConfig(
+                hidden_size=32, intermediate_size=64, num_attention_heads=4, **TINY
+            ),
+            False,
+        ),
+        (
+            transformers.Gemma2Config(
+                hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8, **TINY
+            ),
+            False,
+        ),
         # ALiBi from the 2-D mask (BLOOM, by its model's build_alibi_tensor)
         (transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), True),
         # recurrent layers zero padding with the 2-D mask
@@ -42,13 +52,31 @@ def allowed(mask: torch.Tensor) -> list[list[int]]:
 
 def test_sliding_window_and_padding():
     valid = torch.tensor([[False, True, True, True, True]])
-    mask = masks.build({"sliding_attention": masks.Span(window=2)}, valid, torch.arange(5), torch.float32)
-    assert allowed(mask) == [[0, 0, 0, 0, 0], [0, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    mask = masks.build(
+        {"sliding_attention": masks.Span(window=2)}, valid, torch.arange(5), torch.float32
+    )
+    assert allowed(mask) == [
+        [0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0],
+        [0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 1],
+    ]
 
 
 def test_chunks_count_positions_not_slots():
     # Two padding slots, then positions 0..3 in chunks of 2: {0, 1} and {2, 3}, wherever the prompt starts.
     valid = torch.tensor([[False, False, True, True, True, True]])
-    mask = masks.build({"chunked_attention": masks.Span(chunk=2), "full_attention": None}, valid, torch.arange(2, 6), torch.float32)
-    assert allowed(mask["chunked_attention"]) == [[0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
+    mask = masks.build(
+        {"chunked_attention": masks.Span(chunk=2), "full_attention": None},
+        valid,
+        torch.arange(2, 6),
+        torch.float32,
+    )
+    assert allowed(mask["chunked_attention"]) == [
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ]
     assert allowed(mask["full_attention"])[-1] == [0, 0, 1, 1, 1, 1]

@@ -25,7 +25,9 @@ MODULES = {
 
 def run_python(code: str) -> str:
     env = {**os.environ, "HFAX_STRICT_PLUGINS": "1"}
-    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.mark.parametrize("distribution", sorted(MODULES))
@@ -44,10 +46,14 @@ def test_each_module_comes_from_its_own_distribution(distribution):
         expected = Path(url2pathname(urlparse(direct_url["url"]).path)).resolve() / "src" / relative
     else:
         expected = Path(dist.locate_file(relative)).resolve()
-    assert expected in folders, f"{MODULES[distribution]} is imported from {sorted(folders)}, not {expected}"
+    assert expected in folders, (
+        f"{MODULES[distribution]} is imported from {sorted(folders)}, not {expected}"
+    )
     for entry_point in dist.entry_points.select(group="hfax"):
         plugin = entry_point.load()
-        assert Path(plugin.__file__).resolve().is_relative_to(expected), f"{entry_point} loads {plugin.__file__}"
+        assert Path(plugin.__file__).resolve().is_relative_to(expected), (
+            f"{entry_point} loads {plugin.__file__}"
+        )
 
 
 def test_backend_package_does_not_shadow_jax():

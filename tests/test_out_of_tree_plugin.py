@@ -20,7 +20,20 @@ EXAMPLE = Path(__file__).parent / "plugins" / "hfax-patches-example"
 def installed(tmp_path_factory):
     """pip builds the example (its pyproject, its entry point) and installs it into a folder put on sys.path."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(EXAMPLE)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        check=True,
+    )
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     reset_plugins()
@@ -33,7 +46,11 @@ def installed(tmp_path_factory):
 
 def test_the_example_family_is_listed(installed):
     info = next(info for info in plugin_infos() if info.name == "example")
-    assert (info.distribution, info.status, info.families) == ("hfax-patches-example", "loaded", ("example",))
+    assert (info.distribution, info.status, info.families) == (
+        "hfax-patches-example",
+        "loaded",
+        ("example",),
+    )
 
 
 def test_the_example_family_detects_and_patches_its_model(installed, tmp_path):

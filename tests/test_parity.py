@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from hfax.plugins import backends
-from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_forward, reference_generate, tiny_models
+from hfax.testing import (
+    as_numpy,
+    assert_same_continuation,
+    left_padded,
+    reference_forward,
+    reference_generate,
+    tiny_models,
+)
 
 BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
@@ -33,7 +40,10 @@ def tiny(backend, tmp_path_factory):
 def test_causal_lm_logits_match_pytorch(tiny, name):
     _, ref, model = tiny(name)
     np.testing.assert_allclose(
-        as_numpy(model(input_ids=IDS).logits), reference_forward(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+        as_numpy(model(input_ids=IDS).logits),
+        reference_forward(ref, input_ids=IDS).logits.numpy(),
+        atol=1e-4,
+        rtol=0,
     )
 
 
@@ -61,7 +71,10 @@ def test_from_model_takes_a_loaded_module(tiny, backend):
 def test_sequence_classification_matches_pytorch(tiny):
     _, ref, model = tiny("bert", "AutoModelForSequenceClassification")
     np.testing.assert_allclose(
-        as_numpy(model(input_ids=IDS).logits), reference_forward(ref, input_ids=IDS).logits.numpy(), atol=1e-4, rtol=0
+        as_numpy(model(input_ids=IDS).logits),
+        reference_forward(ref, input_ids=IDS).logits.numpy(),
+        atol=1e-4,
+        rtol=0,
     )
 
 
@@ -79,7 +92,9 @@ def test_left_padded_batch_matches_each_prompt_alone(tiny, name):
     _, ref, model = tiny(name)
     ids, mask = left_padded(PROMPTS)
     out = as_numpy(model.generate(ids, attention_mask=mask, max_new_tokens=20))
-    assert_same_continuation(reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0)
+    assert_same_continuation(
+        reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0
+    )
     for row, prompt in enumerate(PROMPTS):
         alone = as_numpy(model.generate(np.array([prompt]), max_new_tokens=20))
         np.testing.assert_array_equal(out[row, ids.shape[1] :], alone[0, len(prompt) :])
@@ -90,7 +105,9 @@ def test_sliding_windows_shorter_than_the_prompt_decode_like_transformers(tiny, 
     _, ref, model = tiny(name)
     ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 44, 101, 17], PROMPTS[1]])
     out = model.generate(ids, attention_mask=mask, max_new_tokens=20)
-    assert_same_continuation(reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0)
+    assert_same_continuation(
+        reference_generate(ref, ids, mask, max_new_tokens=20), out, pad_token_id=0
+    )
 
 
 def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
@@ -103,17 +120,27 @@ def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
     assert (out[0, first_eos + 1 :] == 0).all()
     expected = reference_generate(ref, ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)
     assert_same_continuation(expected, out, pad_token_id=0)
-    delayed = model.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6)
-    expected = reference_generate(ref, ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6)
+    delayed = model.generate(
+        ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6
+    )
+    expected = reference_generate(
+        ref, ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, min_new_tokens=6
+    )
     assert_same_continuation(expected, delayed, pad_token_id=0)
 
 
 def test_sampling_is_seeded(tiny):
     _, _, model = tiny("llama")
     ids = np.array([PROMPTS[0]])
-    first = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0))
-    again = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0))
-    other = as_numpy(model.generate(ids, max_new_tokens=16, do_sample=True, seed=8, temperature=1.5, top_k=0))
+    first = as_numpy(
+        model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0)
+    )
+    again = as_numpy(
+        model.generate(ids, max_new_tokens=16, do_sample=True, seed=7, temperature=1.5, top_k=0)
+    )
+    other = as_numpy(
+        model.generate(ids, max_new_tokens=16, do_sample=True, seed=8, temperature=1.5, top_k=0)
+    )
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
 
@@ -122,9 +149,14 @@ def test_top_k_1_and_a_vanishing_top_p_are_greedy(tiny):
     _, _, model = tiny("gemma")
     ids = np.array([PROMPTS[2]])
     greedy = as_numpy(model.generate(ids, max_new_tokens=12))
-    np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=1, seed=3)), greedy)
     np.testing.assert_array_equal(
-        as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=0, top_p=1e-6, seed=1)), greedy
+        as_numpy(model.generate(ids, max_new_tokens=12, do_sample=True, top_k=1, seed=3)), greedy
+    )
+    np.testing.assert_array_equal(
+        as_numpy(
+            model.generate(ids, max_new_tokens=12, do_sample=True, top_k=0, top_p=1e-6, seed=1)
+        ),
+        greedy,
     )
 
 
@@ -193,7 +225,9 @@ def test_bad_ids_are_rejected_and_the_model_stays_usable(tiny, ids, error, words
     with pytest.raises(error, match=words):
         model.generate(ids, max_new_tokens=4)
     good = np.array([PROMPTS[1]])
-    assert_same_continuation(reference_generate(ref, good, max_new_tokens=8), model.generate(good, max_new_tokens=8), 0)
+    assert_same_continuation(
+        reference_generate(ref, good, max_new_tokens=8), model.generate(good, max_new_tokens=8), 0
+    )
 
 
 def test_defaults_come_from_the_generation_config(tiny):

@@ -41,7 +41,9 @@ def test_unpatch_restores_submodules_parameters_buffers_and_methods():
     assert "forward" not in vars(mlp)
     assert torch.equal(block(x), expected)
     after = block.state_dict()
-    assert before.keys() == after.keys() and all(torch.equal(before[name], after[name]) for name in before)
+    assert before.keys() == after.keys() and all(
+        torch.equal(before[name], after[name]) for name in before
+    )
 
 
 def test_patching_torch_classes_is_refused():

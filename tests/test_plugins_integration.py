@@ -18,7 +18,9 @@ BROKEN = "raise ImportError('this plugin is broken on purpose')\n"
 @pytest.fixture
 def broken_plugin(tmp_path):
     modules = {"hfax_broken_plugin": BROKEN}
-    with installed_distribution(tmp_path / "broken", "hfax-broken", {"broken": "hfax_broken_plugin"}, modules):
+    with installed_distribution(
+        tmp_path / "broken", "hfax-broken", {"broken": "hfax_broken_plugin"}, modules
+    ):
         yield
 
 
@@ -35,7 +37,11 @@ def test_broken_plugin_does_not_stop_automodel(tiny_llama, broken_plugin, monkey
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
 
     listing = CliRunner().invoke(app, ["plugins"]).output
-    rows = {line.split()[0]: line.split() for line in listing.splitlines() if line and not line.startswith(" ")}
+    rows = {
+        line.split()[0]: line.split()
+        for line in listing.splitlines()
+        if line and not line.startswith(" ")
+    }
     assert rows["broken"][1:4] == ["hfax-broken", "0.0.0", "failed"]
     assert "ImportError: this plugin is broken on purpose" in listing
     assert "backend jax" in listing

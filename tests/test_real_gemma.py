@@ -26,7 +26,12 @@ pytestmark = [
     ),
 ]
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,", "The three primary colors are"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+]
 NEW_TOKENS = 32
 HFAX = str(Path(sys.executable).with_name("hfax"))
 
@@ -68,11 +73,15 @@ def test_the_default_model_is_gemma_3_in_the_gemma_family(model):
 def test_greedy_continuation_equals_pytorch(model, reference, tokenizer, prompt):
     ids = tokenizer(prompt).input_ids
     tokens = assert_same_greedy(model, reference, ids, NEW_TOKENS)
-    assert len(tokenizer.decode(tokens[0, len(ids) :], skip_special_tokens=True).split()) > 5  # words, not noise
+    assert (
+        len(tokenizer.decode(tokens[0, len(ids) :], skip_special_tokens=True).split()) > 5
+    )  # words, not noise
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([HFAX, *args], input=stdin, capture_output=True, text=True, check=True, timeout=900)
+    return subprocess.run(
+        [HFAX, *args], input=stdin, capture_output=True, text=True, check=True, timeout=900
+    )
 
 
 def test_cli_generate_with_no_flags_streams_text_and_reports_speed():
@@ -82,7 +91,9 @@ def test_cli_generate_with_no_flags_streams_text_and_reports_speed():
 
 
 def test_cli_chat_answers_each_turn_until_end_of_input():
-    result = run("chat", "--max-new-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n")
+    result = run(
+        "chat", "--max-new-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n"
+    )
     assert result.stdout.count("model> ") == 2
     assert result.stderr.count("tokens/s") == 2
 
@@ -101,7 +112,9 @@ def test_a_streamer_gets_tokens_in_chunks_as_they_are_decoded(model, tokenizer):
 
     recorder = Recorder()
     ids = np.asarray([tokenizer(PROMPTS[0]).input_ids])
-    output = np.asarray(model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, streamer=recorder))
+    output = np.asarray(
+        model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, streamer=recorder)
+    )
     prompt, *new = recorder.chunks
     assert recorder.ended and len(new) > 1  # more than one piece before the end
     np.testing.assert_array_equal(np.concatenate([prompt, *new], axis=1), output)

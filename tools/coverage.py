@@ -45,7 +45,14 @@ TITLES = {
     "classification": "Sequence classification (`AutoModelForSequenceClassification`)",
 }
 #: The checks whose pass counts may not fall (tests/test_coverage.py), as ``kind.check``.
-FLOOR_CHECKS = ("causal.generate", "causal.jit", "causal.padded", "seq2seq.generate", "encoder.jit", "classification.jit")
+FLOOR_CHECKS = (
+    "causal.generate",
+    "causal.jit",
+    "causal.padded",
+    "seq2seq.generate",
+    "encoder.jit",
+    "classification.jit",
+)
 
 
 def worker_env() -> dict[str, str]:
@@ -98,13 +105,22 @@ class Worker:
         self.log = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
         self.process = subprocess.Popen(
             [sys.executable, "-u", str(Path(__file__).resolve()), "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
-            cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=worker_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: collections.deque[str] = collections.deque(maxlen=30)
-        threading.Thread(target=self._pump, args=(self.process.stdout, self.lines.put), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.process.stderr, self.stderr.append), daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.process.stdout, self.lines.put), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump, args=(self.process.stderr, self.stderr.append), daemon=True
+        ).start()
         self.tasks = 0
 
     @staticmethod
@@ -113,7 +129,9 @@ class Worker:
             sink(line.rstrip("\n"))
         sink(None)
 
-    def run(self, kind: str, arch: str, timeout: float) -> tuple[dict[str, str], dict[str, str], float]:
+    def run(
+        self, kind: str, arch: str, timeout: float
+    ) -> tuple[dict[str, str], dict[str, str], float]:
         """Send one task; collect ``status`` and ``errors`` per check until done, a crash or ``timeout``."""
         self.tasks += 1
         status: dict[str, str] = {}
@@ -133,7 +151,9 @@ class Worker:
             if line is None:
                 tail = [entry for entry in self.stderr if entry]
                 self.kill()
-                errors["_"] = "worker died: " + (tail[-1][:200] if tail else f"exit code {self.process.returncode}")
+                errors["_"] = "worker died: " + (
+                    tail[-1][:200] if tail else f"exit code {self.process.returncode}"
+                )
                 status["_"] = "crash"
                 break
             if line == DONE:
@@ -150,7 +170,9 @@ class Worker:
 
     def kill(self) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: the worker and its children only
+            os.killpg(
+                self.process.pid, signal.SIGKILL
+            )  # its own session: the worker and its children only
         self.process.wait()
 
     def close(self) -> None:
@@ -162,7 +184,9 @@ class Worker:
                 self.kill()
 
 
-def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: float, progress: bool = True) -> dict[str, dict[str, Any]]:
+def sweep(
+    tasks: list[tuple[str, str]], jobs: int, timeout: float, progress: bool = True
+) -> dict[str, dict[str, Any]]:
     """Run ``tasks`` (kind, architecture) on ``jobs`` workers; returns ``{kind: {arch: row}}``."""
     pending: queue.Queue[tuple[str, str]] = queue.Queue()
     for task in tasks:
@@ -184,10 +208,16 @@ def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: float, progress: boo
                 worker = Worker()
             status, errors, seconds = worker.run(kind, arch, timeout)
             with lock:
-                results[kind][arch] = {"status": status, "errors": errors, "seconds": round(seconds, 1)}
+                results[kind][arch] = {
+                    "status": status,
+                    "errors": errors,
+                    "seconds": round(seconds, 1),
+                }
                 done[0] += 1
                 if progress:
-                    failed = [name for name, state in status.items() if state not in ("pass", "skip")]
+                    failed = [
+                        name for name, state in status.items() if state not in ("pass", "skip")
+                    ]
                     line = f"[{done[0]}/{len(tasks)}] {kind:14s} {arch:28s} {seconds:6.1f}s "
                     line += "ok" if not failed else "failed: " + ", ".join(failed)
                     print(line, flush=True)
@@ -231,7 +261,9 @@ def _as_result(row: dict[str, Any]) -> dict[str, Any]:
     return {"status": dict(row["status"]), "errors": row["errors"], "seconds": row["seconds"]}
 
 
-def complete(kind: str, row: dict[str, Any], backends: list[str], checks: Iterable[str]) -> dict[str, str]:
+def complete(
+    kind: str, row: dict[str, Any], backends: list[str], checks: Iterable[str]
+) -> dict[str, str]:
     """Every check of a row, a timeout or crash charged to the first check that did not report."""
     status = dict(row["status"])
     trouble = status.pop("_", None)
@@ -258,8 +290,12 @@ def cause(message: str) -> str:
     return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", message)[:160]
 
 
-def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous: dict[str, Any] | None,
-              merge: bool = False) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    results: dict[str, dict[str, Any]],
+    meta: dict[str, Any],
+    previous: dict[str, Any] | None,
+    merge: bool = False,
+) -> dict[str, Any]:
     """The machine-readable matrix: rows with every check's state, totals, and the ratcheted floor.
 
     ``merge``: ``results`` re-ran some architectures; their rows replace the previous run's, the others stay
@@ -272,13 +308,31 @@ def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous
     ran = set() if merge else set(results)  # kinds this run swept whole
     if merge:
         if previous is None or previous["backends"] != backends:
-            raise ValueError("--merge needs a previous coverage.json of the same backends to merge into")
-        document.update({key: previous[key] for key in ("generated", "minutes", "versions", "unavailable") if key in previous})
+            raise ValueError(
+                "--merge needs a previous coverage.json of the same backends to merge into"
+            )
+        document.update(
+            {
+                key: previous[key]
+                for key in ("generated", "minutes", "versions", "unavailable")
+                if key in previous
+            }
+        )
         document["rerun"] = {**previous.get("rerun", {})}
         for kind, archs in results.items():
-            document["rerun"].setdefault(meta["generated"], []).extend(f"{kind}/{arch}" for arch in sorted(archs))
-        results = {kind: {**{arch: _as_result(row) for arch, row in previous["kinds"].get(kind, {}).get("rows", {}).items()},
-                          **results.get(kind, {})} for kind in {*results, *previous["kinds"]}}  # fmt: skip
+            document["rerun"].setdefault(meta["generated"], []).extend(
+                f"{kind}/{arch}" for arch in sorted(archs)
+            )
+        results = {
+            kind: {
+                **{
+                    arch: _as_result(row)
+                    for arch, row in previous["kinds"].get(kind, {}).get("rows", {}).items()
+                },
+                **results.get(kind, {}),
+            }
+            for kind in {*results, *previous["kinds"]}
+        }
     for kind in KINDS:
         if kind not in results:
             continue
@@ -300,7 +354,11 @@ def summarize(results: dict[str, dict[str, Any]], meta: dict[str, Any], previous
             document["kinds"][kind] = section
             document["totals"][kind] = previous["totals"][kind]
             carried.setdefault(kind, previous["generated"])
-    document["carried"] = {kind: date for kind, date in carried.items() if kind not in ran and kind in document["kinds"]}
+    document["carried"] = {
+        kind: date
+        for kind, date in carried.items()
+        if kind not in ran and kind in document["kinds"]
+    }
     old_floor = (previous or {}).get("floor", {})
     for key in FLOOR_CHECKS:
         kind, check = key.split(".")
@@ -325,12 +383,20 @@ def render(document: dict[str, Any]) -> str:
         f"transformers {document['versions']['transformers']}, torch {document['versions']['torch']}, "
         f"jax {document['versions']['jax']}, torchax {document['versions']['torchax']}; "
         f"generated {document['generated']} in {document['minutes']} min"
-        + "".join(f"; the {kind} rows by the run of {date}" for kind, date in sorted(document.get("carried", {}).items()))
-        + "".join(f"; re-run on {date}: {', '.join(rows)}" for date, rows in sorted(document.get("rerun", {}).items()))
+        + "".join(
+            f"; the {kind} rows by the run of {date}"
+            for kind, date in sorted(document.get("carried", {}).items())
+        )
+        + "".join(
+            f"; re-run on {date}: {', '.join(rows)}"
+            for date, rows in sorted(document.get("rerun", {}).items())
+        )
         + ".",
         "",
-        *[f"Backend `{name}` is installed but did not load here, so it has no columns: {why}.\n" for name, why in
-          sorted(document.get("unavailable", {}).items())],
+        *[
+            f"Backend `{name}` is installed but did not load here, so it has no columns: {why}.\n"
+            for name, why in sorted(document.get("unavailable", {}).items())
+        ],
         "Every architecture of transformers' auto mappings, as a tiny random model (hidden size 64, 2 layers, 4 "
         "heads, 2 KV heads, vocabulary 256; `tools/tiny_configs.py`), saved and loaded with `from_pretrained`, "
         "float32. Each check compares hfax with the same weights run by PyTorch on CPU:",
@@ -352,7 +418,9 @@ def render(document: dict[str, Any]) -> str:
         "## Totals",
         "",
     ]
-    header = ["kind", "architectures", "reference"] + [f"{b} {c}" for b in backends for c in KINDS["causal"][1]]
+    header = ["kind", "architectures", "reference"] + [
+        f"{b} {c}" for b in backends for c in KINDS["causal"][1]
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind, totals in document["totals"].items():
         cells = [kind, str(totals["architectures"]), str(totals["reference"])]
@@ -364,7 +432,11 @@ def render(document: dict[str, Any]) -> str:
     for kind, section in document["kinds"].items():
         checks = section["checks"]
         lines += ["", f"## {TITLES[kind]}", ""]
-        header = ["architecture", "ref"] + [f"{b} {c}" for b in backends for c in checks] + ["first failure"]
+        header = (
+            ["architecture", "ref"]
+            + [f"{b} {c}" for b in backends for c in checks]
+            + ["first failure"]
+        )
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arch, row in section["rows"].items():
             status = row["status"]
@@ -372,7 +444,13 @@ def render(document: dict[str, Any]) -> str:
             cells += [MARK[status[f"{b}.{c}"]] for b in backends for c in checks]
             cells.append(first_failure(row, status).replace("|", "\\|")[:200])
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Failures by cause", "", "The first failing check of each architecture, grouped by its error.", ""]
+    lines += [
+        "",
+        "## Failures by cause",
+        "",
+        "The first failing check of each architecture, grouped by its error.",
+        "",
+    ]
     for kind, section in document["kinds"].items():
         groups: dict[str, list[str]] = collections.defaultdict(list)
         for arch, row in section["rows"].items():
@@ -397,12 +475,26 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kinds", default="causal,encoder,seq2seq,classification", help="comma-separated kinds of rows")
-    parser.add_argument("--only", default="", help="comma-separated architectures (default: all); prints, writes nothing")
-    parser.add_argument("--merge", action="store_true", help="with --only: replace those rows in the written matrix")
+    parser.add_argument(
+        "--kinds",
+        default="causal,encoder,seq2seq,classification",
+        help="comma-separated kinds of rows",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated architectures (default: all); prints, writes nothing",
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="with --only: replace those rows in the written matrix"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="workers in parallel (default 2)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per architecture (default 300)")
-    parser.add_argument("--out", type=Path, default=DOCS, help="where COVERAGE.md and coverage.json go")
+    parser.add_argument(
+        "--timeout", type=float, default=300, help="seconds per architecture (default 300)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DOCS, help="where COVERAGE.md and coverage.json go"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -411,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     kinds = [kind for kind in args.kinds.split(",") if kind]
     only = {arch for arch in args.only.split(",") if arch}
-    tasks = [(kind, arch) for kind in kinds for arch in architectures(kind) if not only or arch in only]
+    tasks = [
+        (kind, arch) for kind in kinds for arch in architectures(kind) if not only or arch in only
+    ]
     started = time.monotonic()
     results = sweep(tasks, args.jobs, args.timeout)
     backends, unavailable = usable_backends()

@@ -35,7 +35,10 @@ MESH_DEVICES = 8
 #: Per kind: the transformers auto class whose mapping gives the model class, and the checks per backend.
 KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "causal": ("AutoModelForCausalLM", ("load", "forward", "jit", "generate", "padded", "sharded")),
-    "seq2seq": ("AutoModelForSeq2SeqLM", ("load", "forward", "jit", "generate", "padded", "sharded")),
+    "seq2seq": (
+        "AutoModelForSeq2SeqLM",
+        ("load", "forward", "jit", "generate", "padded", "sharded"),
+    ),
     "encoder": ("AutoModel", ("load", "forward", "jit", "sharded")),
     "classification": ("AutoModelForSequenceClassification", ("load", "forward", "jit")),
 }
@@ -53,7 +56,7 @@ def first_line(error: BaseException) -> str:
         parts = frame.filename.split(os.sep)
         for package in ("hfax", "torchax", "transformers", "jax", "torch"):
             if package in parts:
-                where = f" [{'/'.join(parts[parts.index(package):])}:{frame.lineno}]"
+                where = f" [{'/'.join(parts[parts.index(package) :])}:{frame.lineno}]"
                 break
         if where:
             break
@@ -101,7 +104,11 @@ def pad_token_id(config: Any) -> int:
 def eos_token_id(model: Any) -> Any:
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
-    return eos if eos is not None else getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    return (
+        eos
+        if eos is not None
+        else getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    )
 
 
 def compare(name: str, got: Any, want: torch.Tensor, valid: torch.Tensor | None = None) -> None:
@@ -110,7 +117,9 @@ def compare(name: str, got: Any, want: torch.Tensor, valid: torch.Tensor | None 
     want = want.detach().float().numpy()
     if got.shape != want.shape:
         raise Mismatch(f"{name} shape {got.shape} != PyTorch {want.shape}")
-    if valid is not None:  # only positions holding real tokens (padding rows are implementation-defined)
+    if (
+        valid is not None
+    ):  # only positions holding real tokens (padding rows are implementation-defined)
         keep = valid.numpy().astype(bool)
         got, want = got[keep], want[keep]
     if not np.isfinite(want).all():
@@ -130,7 +139,9 @@ def compare_tokens(got: Any, want: torch.Tensor, row: int, start: int = PROMPT) 
     a, b = got[row, start : want.shape[1]], want[row, start:]
     if not np.array_equal(a, b):
         step = int(np.argmax(a != b))
-        raise Mismatch(f"tokens differ from new token {step}: hfax {a[step:step + 4].tolist()} vs transformers {b[step:step + 4].tolist()}")
+        raise Mismatch(
+            f"tokens differ from new token {step}: hfax {a[step : step + 4].tolist()} vs transformers {b[step : step + 4].tolist()}"
+        )
 
 
 class Run:
@@ -159,7 +170,9 @@ class Run:
         return value
 
 
-def run(kind: str, model_type: str, backends: list[str], report: Callable[[str, str, str], None]) -> None:
+def run(
+    kind: str, model_type: str, backends: list[str], report: Callable[[str, str, str], None]
+) -> None:
     """Build the tiny ``model_type`` model, save and reload it, and run ``kind``'s checks on every backend."""
     import hfax
 
@@ -187,7 +200,9 @@ def _reference(kind: str, model_type: str, directory: str) -> dict[str, Any]:
     config = tiny_configs.tiny_config(model_type, config_class=config_class)
     _as_used(kind, config)
     if getattr(model_class, "main_input_name", "input_ids") != "input_ids":
-        raise NotImplementedError(f"{model_class.__name__} takes {model_class.main_input_name}, not token ids")
+        raise NotImplementedError(
+            f"{model_class.__name__} takes {model_class.main_input_name}, not token ids"
+        )
     torch.manual_seed(0)
     model = model_class._from_config(config, dtype=torch.float32)
     spread_weights(model)
@@ -195,15 +210,25 @@ def _reference(kind: str, model_type: str, directory: str) -> dict[str, Any]:
     model = _load(model_class, directory)
     ids, mask, pad = prompt_ids(model.config)
     if kind == "classification" and model.config.is_encoder_decoder:
-        ids[:, -1] = model.config.eos_token_id  # they classify from the representation of the last EOS
+        ids[:, -1] = (
+            model.config.eos_token_id
+        )  # they classify from the representation of the last EOS
     inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
     if kind == "seq2seq":
         start = model.generation_config.decoder_start_token_id
         start = start if isinstance(start, int) else pad
         inputs["decoder_input_ids"] = torch.cat([torch.full((2, 1), start), ids[:, -4:]], dim=1)
     with torch.no_grad():
-        output = model(**inputs, use_cache=False) if "use_cache" in _arguments(model) else model(**inputs)
-    if not all(torch.isfinite(v).all() for v in output.values() if isinstance(v, torch.Tensor) and v.is_floating_point()):
+        output = (
+            model(**inputs, use_cache=False)
+            if "use_cache" in _arguments(model)
+            else model(**inputs)
+        )
+    if not all(
+        torch.isfinite(v).all()
+        for v in output.values()
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    ):
         raise ArithmeticError("PyTorch's own output is not finite for these random weights")
     result: dict[str, Any] = {"inputs": inputs, "pad": pad, "eos": eos_token_id(model)}
     if kind == "encoder":
@@ -217,7 +242,11 @@ def _reference(kind: str, model_type: str, directory: str) -> dict[str, Any]:
     if kind in ("causal", "seq2seq"):
         with torch.no_grad():
             result["tokens"] = model.generate(
-                ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=pad,
+                ids,
+                attention_mask=mask,
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=pad,
                 eos_token_id=result["eos"],
             )
     return result
@@ -233,9 +262,13 @@ def _as_used(kind: str, config: Any) -> None:
         config.num_labels = 3
     text = config.get_text_config(decoder=True)
     if kind == "classification" and getattr(text, "pad_token_id", None) is None:
-        config.pad_token_id = text.pad_token_id = pad_token_id(config)  # the last real token is found by it
+        config.pad_token_id = text.pad_token_id = pad_token_id(
+            config
+        )  # the last real token is found by it
     if config.is_encoder_decoder and getattr(config, "decoder_start_token_id", None) is None:
-        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0  # T5's convention
+        config.decoder_start_token_id = (
+            getattr(config, "pad_token_id", None) or 0
+        )  # T5's convention
 
 
 def _arguments(model: Any) -> set[str]:
@@ -248,7 +281,9 @@ def _output(kind: str, output: Any) -> Any:
     return output.last_hidden_state if kind == "encoder" else output.logits
 
 
-def _backend_checks(hfax: Any, kind: str, backend: str, directory: str, ref: dict[str, Any]) -> Iterator[tuple[str, Callable[[], Any], tuple[str, ...]]]:
+def _backend_checks(
+    hfax: Any, kind: str, backend: str, directory: str, ref: dict[str, Any]
+) -> Iterator[tuple[str, Callable[[], Any], tuple[str, ...]]]:
     auto = hfax.AutoModelForTPU  # the class named in the saved config's `architectures`
     checks = KINDS[kind][1]
     arrays = {name: value.numpy() for name, value in ref["inputs"].items()}
@@ -260,7 +295,9 @@ def _backend_checks(hfax: Any, kind: str, backend: str, directory: str, ref: dic
 
     def forward() -> None:
         model = loaded["model"]
-        output = model.apply(model.params, **{k: _jax(v) for k, v in arrays.items()}, **_no_cache(model))
+        output = model.apply(
+            model.params, **{k: _jax(v) for k, v in arrays.items()}, **_no_cache(model)
+        )
         compare(_name(kind), _output(kind, output), ref["output"], ref["valid"])
 
     def jit() -> None:
@@ -269,8 +306,12 @@ def _backend_checks(hfax: Any, kind: str, backend: str, directory: str, ref: dic
     def generate(model: Any) -> Any:
         if "tokens" not in loaded:
             loaded["tokens"] = model.generate(
-                arrays["input_ids"], attention_mask=arrays["attention_mask"], max_new_tokens=NEW_TOKENS,
-                pad_token_id=ref["pad"], eos_token_id=ref["eos"], do_sample=False,
+                arrays["input_ids"],
+                attention_mask=arrays["attention_mask"],
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=ref["pad"],
+                eos_token_id=ref["eos"],
+                do_sample=False,
             )
         return loaded["tokens"]
 
@@ -285,8 +326,12 @@ def _backend_checks(hfax: Any, kind: str, backend: str, directory: str, ref: dic
         model = auto.from_pretrained(directory, backend=backend, dtype=torch.float32, mesh=mesh)
         if "generate" in checks:
             tokens = model.generate(
-                arrays["input_ids"], attention_mask=arrays["attention_mask"], max_new_tokens=NEW_TOKENS,
-                pad_token_id=ref["pad"], eos_token_id=ref["eos"], do_sample=False,
+                arrays["input_ids"],
+                attention_mask=arrays["attention_mask"],
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=ref["pad"],
+                eos_token_id=ref["eos"],
+                do_sample=False,
             )
             compare_tokens(tokens, ref["tokens"], 0, start)
         else:

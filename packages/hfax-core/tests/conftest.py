@@ -31,7 +31,9 @@ BACKEND_PLUGIN = """
 """
 
 
-def _family_plugin(family: str, claim: str = "", model_types: tuple[str, ...] = ("llama",), transformers: str = "") -> str:
+def _family_plugin(
+    family: str, claim: str = "", model_types: tuple[str, ...] = ("llama",), transformers: str = ""
+) -> str:
     return f"""
         import hfax
 
@@ -60,8 +62,14 @@ def install(tmp_path) -> Iterator[Callable[..., None]]:
     """``install(distribution, {plugin: module}, {module: source})`` makes a fake installed plugin visible."""
     with contextlib.ExitStack() as stack:
 
-        def install(distribution: str, entry_points: Mapping[str, str], modules: Mapping[str, str] | None = None) -> None:
-            stack.enter_context(installed_distribution(tmp_path / distribution, distribution, entry_points, modules))
+        def install(
+            distribution: str,
+            entry_points: Mapping[str, str],
+            modules: Mapping[str, str] | None = None,
+        ) -> None:
+            stack.enter_context(
+                installed_distribution(tmp_path / distribution, distribution, entry_points, modules)
+            )
 
         yield install
 

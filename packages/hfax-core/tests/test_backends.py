@@ -28,7 +28,10 @@ def test_unknown_backend_lists_installed_ones(fake_backend):
         hfax.get_backend("tpu9")
 
 
-@pytest.mark.parametrize(("name", "command"), [("jax", 'pip install "hfax[jax]"'), ("torch_xla", 'pip install "hfax[torchxla]"')])
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [("jax", 'pip install "hfax[jax]"'), ("torch_xla", 'pip install "hfax[torchxla]"')],
+)
 def test_known_missing_backend_names_the_install_command(fake_backend, name, command):
     with pytest.raises(hfax.BackendNotInstalledError) as raised:
         hfax.get_backend(name)
@@ -79,7 +82,9 @@ def test_family_version_in_range_is_quiet(family_with_range, recwarn):
 
 def test_family_version_out_of_range_warns(family_with_range):
     family_with_range("<1")
-    with pytest.warns(UntestedVersionWarning, match=r"family 'ranged' was tested with transformers<1"):
+    with pytest.warns(
+        UntestedVersionWarning, match=r"family 'ranged' was tested with transformers<1"
+    ):
         check_family_version("ranged")
 
 
@@ -101,4 +106,3 @@ def test_family_without_range_or_unknown_family_is_not_checked(family_with_range
     check_family_version("ranged")
     check_family_version("generic")
     assert not recwarn.list
-

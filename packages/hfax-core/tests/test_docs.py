@@ -23,7 +23,12 @@ def example(hook: str) -> str:
 
 
 def test_the_hooks_the_design_needs_exist():
-    assert {"hfax_detect_model", "hfax_patch_model", "hfax_compile_step", "hfax_shard_weights"} <= set(HOOKS)
+    assert {
+        "hfax_detect_model",
+        "hfax_patch_model",
+        "hfax_compile_step",
+        "hfax_shard_weights",
+    } <= set(HOOKS)
     assert {"hfax_backends", "hfax_families", "hfax_sharding_plan"} <= set(HOOKS)
 
 
@@ -36,10 +41,17 @@ def test_hook_docstring_has_an_example_that_parses(hook):
 def test_hook_is_documented_with_its_signature(hook):
     arguments = ", ".join(inspect.signature(getattr(hookspecs, hook)).parameters)
     heading = re.compile(rf"^#+ `{re.escape(hook)}\({re.escape(arguments)}\)`", re.MULTILINE)
-    assert heading.search(PLUGINS_DOC.read_text()), f"docs/PLUGINS.md needs a heading `{hook}({arguments})`"
+    assert heading.search(PLUGINS_DOC.read_text()), (
+        f"docs/PLUGINS.md needs a heading `{hook}({arguments})`"
+    )
 
 
 def test_environment_switches_are_documented():
     text = PLUGINS_DOC.read_text()
-    for switch in ("HFAX_DISABLE_PLUGINS", "HFAX_PLUGINS", "HFAX_BLOCK_PLUGINS", "HFAX_STRICT_PLUGINS"):
+    for switch in (
+        "HFAX_DISABLE_PLUGINS",
+        "HFAX_PLUGINS",
+        "HFAX_BLOCK_PLUGINS",
+        "HFAX_STRICT_PLUGINS",
+    ):
         assert switch in text

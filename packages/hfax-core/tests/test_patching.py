@@ -72,7 +72,9 @@ def test_patching_twice_equals_patching_once():
     def forward(self, x):
         return 0
 
-    for _ in range(2):  # e.g. from_model called twice on the same model: a new Patcher, the same record
+    for _ in range(
+        2
+    ):  # e.g. from_model called twice on the same model: a new Patcher, the same record
         patcher = Patcher(model)
         patcher.setattr(model.config, "attn_implementation", "hfax_jax")
         patcher.bind(model.attention, "forward", forward)

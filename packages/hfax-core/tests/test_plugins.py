@@ -33,7 +33,11 @@ def test_plugins_load_lazily(install, family_plugin):
 
 
 def test_plugins_load_in_a_stable_order(install, family_plugin):
-    install("zeta-plugins", {"b": "zeta_b", "a": "zeta_a"}, {"zeta_a": family_plugin("za"), "zeta_b": family_plugin("zb")})
+    install(
+        "zeta-plugins",
+        {"b": "zeta_b", "a": "zeta_a"},
+        {"zeta_a": family_plugin("za"), "zeta_b": family_plugin("zb")},
+    )
     install("alpha-plugins", {"z": "alpha_z"}, {"alpha_z": family_plugin("az")})
     names = [info.name for info in plugins.plugin_infos() if info.name in ("a", "b", "z")]
     assert names == ["z", "a", "b"]  # by distribution, then by entry-point name
@@ -43,15 +47,23 @@ def test_plugin_info_names_what_it_provides(install, family_plugin, backend_plug
     install("hfax-fam", {"fam": "fam_family"}, {"fam_family": family_plugin("fam")})
     install("hfax-fake", {"fake": "fake_backend"}, {"fake_backend": backend_plugin})
     infos = {info.name: info for info in plugins.plugin_infos()}
-    assert (infos["fam"].distribution, infos["fam"].version, infos["fam"].families) == ("hfax-fam", "0.0.0", ("fam",))
+    assert (infos["fam"].distribution, infos["fam"].version, infos["fam"].families) == (
+        "hfax-fam",
+        "0.0.0",
+        ("fam",),
+    )
     assert infos["fake"].backends == ("fake",)
     assert "fake" in plugins.backends() and "fam" in plugins.families()
 
 
-def test_broken_plugin_is_skipped_with_a_warning(install, broken_plugin, family_plugin, monkeypatch):
+def test_broken_plugin_is_skipped_with_a_warning(
+    install, broken_plugin, family_plugin, monkeypatch
+):
     install("hfax-broken", {"broken": "broken_plugin"}, {"broken_plugin": broken_plugin})
     install("hfax-good", {"good": "good_family"}, {"good_family": family_plugin("good")})
-    monkeypatch.setenv("HFAX_PLUGINS", "broken,good")  # leave out any real family plugin installed beside core
+    monkeypatch.setenv(
+        "HFAX_PLUGINS", "broken,good"
+    )  # leave out any real family plugin installed beside core
     with pytest.warns(PluginLoadWarning) as caught:
         infos = {info.name: info for info in plugins.plugin_infos()}
     [warning] = caught
@@ -99,7 +111,9 @@ def test_plugin_whose_hook_raises_is_unregistered(install, monkeypatch):
 def test_duplicate_plugin_names_are_reported(install, family_plugin):
     install("hfax-first", {"dup": "first_family"}, {"first_family": family_plugin("first")})
     install("hfax-second", {"dup": "second_family"}, {"second_family": family_plugin("second")})
-    with pytest.warns(PluginLoadWarning, match="'dup' is already taken by distribution 'hfax-first'"):
+    with pytest.warns(
+        PluginLoadWarning, match="'dup' is already taken by distribution 'hfax-first'"
+    ):
         infos = plugins.plugin_infos()
     assert [(info.distribution, info.status) for info in infos if info.name == "dup"] == [
         ("hfax-first", "loaded"),
@@ -117,10 +131,17 @@ def test_disable_plugins(install, family_plugin, monkeypatch):
 
 def test_load_only_some_plugins(install, family_plugin, broken_plugin, monkeypatch):
     install("hfax-broken", {"broken": "broken_plugin"}, {"broken_plugin": broken_plugin})
-    sources = {"fam_family": family_plugin("fam"), "other_family": family_plugin("other", model_types=("gpt2",))}
+    sources = {
+        "fam_family": family_plugin("fam"),
+        "other_family": family_plugin("other", model_types=("gpt2",)),
+    }
     install("hfax-fam", {"fam": "fam_family", "other": "other_family"}, sources)
     monkeypatch.setenv("HFAX_PLUGINS", "fam, other")
-    assert statuses("broken", "fam", "other") == {"broken": "blocked", "fam": "loaded", "other": "loaded"}
+    assert statuses("broken", "fam", "other") == {
+        "broken": "blocked",
+        "fam": "loaded",
+        "other": "loaded",
+    }
     assert "broken_plugin" not in sys.modules
 
 
@@ -128,12 +149,15 @@ def test_block_some_plugins(install, family_plugin, broken_plugin, monkeypatch):
     install("hfax-broken", {"broken": "broken_plugin"}, {"broken_plugin": broken_plugin})
     install("hfax-fam", {"fam": "fam_family"}, {"fam_family": family_plugin("fam")})
     monkeypatch.setenv("HFAX_BLOCK_PLUGINS", "broken")
-    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")  # a blocked plugin is never imported, so strict mode is content
+    monkeypatch.setenv(
+        "HFAX_STRICT_PLUGINS", "1"
+    )  # a blocked plugin is never imported, so strict mode is content
     assert statuses("broken", "fam") == {"broken": "blocked", "fam": "loaded"}
 
 
 def test_register_and_unregister_in_code(monkeypatch):
     monkeypatch.setenv("HFAX_DISABLE_PLUGINS", "1")  # code-registered plugins still count
+
     class Plugin:
         @hfax.hookimpl
         def hfax_detect_model(self, config):
@@ -145,7 +169,11 @@ def test_register_and_unregister_in_code(monkeypatch):
 
     hfax.register(Plugin(), name="incode")
     info = plugins.plugin_infos()[-1]
-    assert (info.name, info.distribution, info.families) == ("incode", "(registered in code)", ("incode",))
+    assert (info.name, info.distribution, info.families) == (
+        "incode",
+        "(registered in code)",
+        ("incode",),
+    )
     assert hfax.detect_family(transformers.LlamaConfig()) == "incode"
     hfax.unregister("incode")
     assert statuses("incode") == {"incode": "absent"}
@@ -153,7 +181,9 @@ def test_register_and_unregister_in_code(monkeypatch):
 
 
 def test_installed_distribution_is_gone_after_its_block(tmp_path, family_plugin):
-    with installed_distribution(tmp_path / "d", "hfax-temp", {"temp": "temp_family"}, {"temp_family": family_plugin("temp")}):
+    with installed_distribution(
+        tmp_path / "d", "hfax-temp", {"temp": "temp_family"}, {"temp_family": family_plugin("temp")}
+    ):
         assert statuses("temp") == {"temp": "loaded"}
     assert statuses("temp") == {"temp": "absent"}
     assert "temp_family" not in sys.modules

@@ -12,22 +12,36 @@ from hfax.plugins import get_plugin_manager
 
 @pytest.fixture
 def llama_plan() -> ShardingPlan:
-    return ShardingPlan.from_tp_styles(transformers.LlamaConfig().base_model_tp_plan, prefix="model.")
+    return ShardingPlan.from_tp_styles(
+        transformers.LlamaConfig().base_model_tp_plan, prefix="model."
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "ndim", "spec"),
     [
-        ("model.layers.0.self_attn.q_proj.weight", 2, ("model", None)),  # colwise: split the outputs
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            2,
+            ("model", None),
+        ),  # colwise: split the outputs
         ("model.layers.17.self_attn.k_proj.weight", 2, ("model", None)),
         ("model.layers.3.mlp.up_proj.weight", 2, ("model", None)),
         ("model.layers.0.self_attn.o_proj.weight", 2, (None, "model")),  # rowwise: split the inputs
         ("model.layers.5.mlp.down_proj.weight", 2, (None, "model")),
-        ("model.layers.0.self_attn.q_proj.bias", 1, ("model",)),  # a colwise bias follows the outputs
+        (
+            "model.layers.0.self_attn.q_proj.bias",
+            1,
+            ("model",),
+        ),  # a colwise bias follows the outputs
         ("model.layers.0.input_layernorm.weight", 1, (None,)),  # norms are replicated
         ("model.norm.weight", 1, (None,)),
         ("model.embed_tokens.weight", 2, (None, None)),  # not in the base plan: replicated
-        ("model.layers.x.self_attn.q_proj.weight", 2, (None, None)),  # "*" stands for a layer index only
+        (
+            "model.layers.x.self_attn.q_proj.weight",
+            2,
+            (None, None),
+        ),  # "*" stands for a layer index only
     ],
 )
 def test_llama_base_model_tp_plan(llama_plan, name, ndim, spec):
@@ -66,7 +80,9 @@ def test_core_default_plan_comes_from_the_config_and_the_head(monkeypatch):
             self.model = object()
 
     config = transformers.LlamaConfig()
-    plan = get_plugin_manager().hook.hfax_sharding_plan(model=CausalLM(), config=config, family="generic")
+    plan = get_plugin_manager().hook.hfax_sharding_plan(
+        model=CausalLM(), config=config, family="generic"
+    )
     assert plan.spec_for("model.layers.2.self_attn.v_proj.weight", 2) == ("model", None)
     assert plan.spec_for("model.layers.2.mlp.down_proj.weight", 2) == (None, "model")
     assert plan.spec_for("lm_head.weight", 2) == ("model", None)
@@ -79,7 +95,9 @@ def test_core_default_plan_for_a_base_model(monkeypatch):
     class BaseModel:  # a bare LlamaModel: its parameters have no "model." prefix
         base_model_prefix = "model"
 
-    plan = get_plugin_manager().hook.hfax_sharding_plan(model=BaseModel(), config=transformers.LlamaConfig(), family="generic")
+    plan = get_plugin_manager().hook.hfax_sharding_plan(
+        model=BaseModel(), config=transformers.LlamaConfig(), family="generic"
+    )
     assert plan.spec_for("layers.0.self_attn.q_proj.weight", 2) == ("model", None)
 
 
@@ -94,5 +112,10 @@ def test_a_family_plan_overrides_core(monkeypatch):
     hfax.register(Family(), name="mine")
     hook = get_plugin_manager().hook.hfax_sharding_plan
     config = transformers.LlamaConfig()
-    assert hook(model=object(), config=config, family="mine").spec_for("embed.weight", 2) == ("model", None)
-    assert hook(model=object(), config=config, family="other").spec_for("layers.0.mlp.up_proj.weight", 2) == ("model", None)
+    assert hook(model=object(), config=config, family="mine").spec_for("embed.weight", 2) == (
+        "model",
+        None,
+    )
+    assert hook(model=object(), config=config, family="other").spec_for(
+        "layers.0.mlp.up_proj.weight", 2
+    ) == ("model", None)

@@ -14,7 +14,9 @@ from hfax.backends.jax import attention
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 
 BATCH, HEADS, KV_HEADS, LENGTH, DIM = 2, 4, 2, 6, 8
-MODULE = types.SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True, training=False)
+MODULE = types.SimpleNamespace(
+    num_key_value_groups=HEADS // KV_HEADS, is_causal=True, training=False
+)
 
 
 def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -37,15 +39,23 @@ def additive(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, 0.0, torch.finfo(torch.float32).min)
 
 
-def hfax_jax(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, **kwargs) -> np.ndarray:
+def hfax_jax(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, **kwargs
+) -> np.ndarray:
     jax_inputs = [None if t is None else jnp.asarray(t.numpy()) for t in (query, key, value, mask)]
     with env():
-        output, _ = attention.attention_forward(MODULE, *to_tensor(jax_inputs), scaling=DIM**-0.5, **kwargs)
+        output, _ = attention.attention_forward(
+            MODULE, *to_tensor(jax_inputs), scaling=DIM**-0.5, **kwargs
+        )
     return np.asarray(to_array(output))
 
 
-def eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-    output, _ = eager_attention_forward(MODULE, query, key, value, additive(mask), scaling=DIM**-0.5)
+def eager(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> np.ndarray:
+    output, _ = eager_attention_forward(
+        MODULE, query, key, value, additive(mask), scaling=DIM**-0.5
+    )
     return output.numpy()
 
 
@@ -67,7 +77,9 @@ def test_a_query_that_sees_no_key_stays_finite():
 @pytest.mark.parametrize("window", [None, 3])
 def test_without_a_mask_causality_and_the_window_are_applied(window):
     expected = eager(*inputs(), allowed(window))
-    np.testing.assert_allclose(hfax_jax(*inputs(), None, sliding_window=window), expected, atol=1e-5)
+    np.testing.assert_allclose(
+        hfax_jax(*inputs(), None, sliding_window=window), expected, atol=1e-5
+    )
 
 
 def test_soft_capping_is_refused():

@@ -30,7 +30,9 @@ def run_twice(tiny, tmp_path):
         env = {**os.environ, "HFAX_CACHE": str(tmp_path), **extra_env}
         if "HFAX_NO_COMPILATION_CACHE" not in extra_env:
             env.pop("HFAX_NO_COMPILATION_CACHE", None)
-        done = subprocess.run([sys.executable, "-c", SCRIPT, str(directory)], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(directory)], env=env, capture_output=True, text=True
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -40,10 +42,14 @@ def run_twice(tiny, tmp_path):
 def test_a_second_process_reads_programs_from_the_persistent_cache(run_twice, tmp_path):
     first = run_twice()
     assert first["hits"] == 0 and any((tmp_path / "jax").iterdir())
-    assert first["forwards"] == 2  # the model's Python forward, traced for prefill and for the decode step
+    assert (
+        first["forwards"] == 2
+    )  # the model's Python forward, traced for prefill and for the decode step
     second = run_twice()
     assert second["tokens"] == first["tokens"]
-    assert second["hits"] >= 1  # the generate program came from disk instead of being compiled again
+    assert (
+        second["hits"] >= 1
+    )  # the generate program came from disk instead of being compiled again
     # ... and the model was not traced again: the traced program came from disk too (programs.py)
     assert second["forwards"] == 0
 
@@ -70,15 +76,24 @@ def test_the_key_follows_what_the_trace_depends_on(tmp_path):
 
     def llama(**overrides):
         config = transformers.LlamaConfig(
-            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, **overrides
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            **overrides,
         )
         return transformers.LlamaForCausalLM(config)
 
     torch.manual_seed(0)
     a, b = llama(), llama()
-    assert programs.model_fingerprint(a, "llama") == programs.model_fingerprint(b, "llama")  # weights are arguments
+    assert programs.model_fingerprint(a, "llama") == programs.model_fingerprint(
+        b, "llama"
+    )  # weights are arguments
     assert programs.model_fingerprint(a, "llama") != programs.model_fingerprint(a, "generic")
-    assert programs.model_fingerprint(a, "llama") != programs.model_fingerprint(llama(rope_theta=500.0), "llama")
+    assert programs.model_fingerprint(a, "llama") != programs.model_fingerprint(
+        llama(rope_theta=500.0), "llama"
+    )
     eager = llama()
     eager.config._attn_implementation = "eager"
     assert programs.model_fingerprint(a, "llama") != programs.model_fingerprint(eager, "llama")
@@ -93,8 +108,12 @@ def test_the_key_follows_what_the_trace_depends_on(tmp_path):
 
     x = jax.numpy.zeros((2, 3), jax.numpy.float32)
     key = programs.call_key("generate", ("static", 1), ({"w": x}, np.int32(3)))
-    assert key == programs.call_key("generate", ("static", 1), ({"w": x}, np.int32(4)))  # values do not matter
+    assert key == programs.call_key(
+        "generate", ("static", 1), ({"w": x}, np.int32(4))
+    )  # values do not matter
     assert key != programs.call_key("generate", ("static", 2), ({"w": x}, np.int32(3)))
-    assert key != programs.call_key("generate", ("static", 1), ({"w": x.astype(jax.numpy.bfloat16)}, np.int32(3)))
+    assert key != programs.call_key(
+        "generate", ("static", 1), ({"w": x.astype(jax.numpy.bfloat16)}, np.int32(3))
+    )
     assert key != programs.call_key("generate", ("static", 1), ({"v": x}, np.int32(3)))
     assert key != programs.call_key("generate", ("static", 1), ({"w": x[:1]}, np.int32(3)))

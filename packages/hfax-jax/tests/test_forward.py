@@ -19,11 +19,17 @@ def test_inputs_may_be_numpy_jax_or_torch(tiny):
 
 def test_apply_is_pure_and_jittable(tiny):
     _, _, model = tiny("llama")
-    logits = jax.jit(lambda params, ids: model.apply(params, input_ids=ids, use_cache=False).logits)(model.params, IDS)
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(model(input_ids=IDS).logits), atol=1e-6)
+    logits = jax.jit(
+        lambda params, ids: model.apply(params, input_ids=ids, use_cache=False).logits
+    )(model.params, IDS)
+    np.testing.assert_allclose(
+        np.asarray(logits), np.asarray(model(input_ids=IDS).logits), atol=1e-6
+    )
     # Different weights through the same function give different answers: nothing was captured.
     halved = jax.tree_util.tree_map(lambda p: p * 0.5 if p.ndim == 2 else p, model.params)
-    other = jax.jit(lambda params, ids: model.apply(params, input_ids=ids, use_cache=False).logits)(halved, IDS)
+    other = jax.jit(lambda params, ids: model.apply(params, input_ids=ids, use_cache=False).logits)(
+        halved, IDS
+    )
     assert not np.allclose(np.asarray(other), np.asarray(logits))
 
 
@@ -37,19 +43,25 @@ def test_apply_is_differentiable(tiny):
     name = "model.layers.0.mlp.down_proj.weight"
     ref.zero_grad()
     ref(torch.as_tensor(IDS)).logits.mean().backward()
-    np.testing.assert_allclose(np.asarray(grads[name]), dict(ref.named_parameters())[name].grad.numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(grads[name]), dict(ref.named_parameters())[name].grad.numpy(), atol=1e-6
+    )
 
 
 def test_weights_are_arguments_not_constants(tiny):
     _, _, model = tiny("llama")
     forward = model.program("forward", type(model)._forward)
-    text = forward.lower(model.params, {"input_ids": jnp.asarray(IDS, jnp.int32)}, static=(("use_cache", False),)).as_text()
+    text = forward.lower(
+        model.params, {"input_ids": jnp.asarray(IDS, jnp.int32)}, static=(("use_cache", False),)
+    ).as_text()
     constant_sizes = [
         np.prod([int(d) for d in shape.split("x")])
         for shape in re.findall(r"stablehlo\.constant dense<[^\n]*> : tensor<((?:\d+x)+)\w+>", text)
         for shape in [shape.rstrip("x")]
     ]
-    assert max(constant_sizes, default=0) < 4096, "a weight-sized constant was captured into the program"
+    assert max(constant_sizes, default=0) < 4096, (
+        "a weight-sized constant was captured into the program"
+    )
     # ... while every weight is an argument of the program.
     assert text.count("tensor<128x64xf32>") >= 1
 

@@ -22,14 +22,26 @@ def bf16_llama(tmp_path_factory):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
-    )  # fmt: skip
-    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))  # not the user's cache
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    os.environ.setdefault(
+        "HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache"))
+    )  # not the user's cache
     directory = tmp_path_factory.mktemp("llama-bf16")
     save_tiny(config, directory, spread=True)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
-    model = hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax", dtype="bfloat16")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.bfloat16
+    ).eval()
+    model = hfax.AutoModelForCausalLM.from_pretrained(
+        str(directory), backend="jax", dtype="bfloat16"
+    )
     return reference, model
 
 
@@ -39,10 +51,14 @@ def test_decode_loop_holds_no_float32_copy_of_the_weights(bf16_llama):
     # The decode program (what streaming runs) is the loop alone: prefill's own temporaries are not in it.
     _, model = bf16_llama
     assert generation._loop_reads_16_bits(model)
-    ids, mask, settings = resolve(model, np.array(PROMPT), None, {"max_new_tokens": 24}, generation.OPTIONAL)
+    ids, mask, settings = resolve(
+        model, np.array(PROMPT), None, {"max_new_tokens": 24}, generation.OPTIONAL
+    )
     args, static = generation._arguments(model, ids, mask, settings)
     params, prompt_ids, prompt_mask, source, limit, options = args
-    state = model.program("prefill", generation.prefill_program)(params, prompt_ids, prompt_mask, source, options, static=static)
+    state = model.program("prefill", generation.prefill_program)(
+        params, prompt_ids, prompt_mask, source, options, static=static
+    )
     decode = model.program("decode", generation.decode_program, donate=("state",))
     memory = decode.lower(params, state, limit, options, static=static).compile().memory_analysis()
     weights = sum(p.nbytes for p in params.values())
@@ -58,7 +74,9 @@ def test_tokens_are_pytorch_bfloat16_choices(bf16_llama):
     tokens = np.array(model.generate(np.array(PROMPT), max_new_tokens=new, do_sample=False))
     with torch.no_grad():
         logits = reference(torch.from_numpy(tokens)).logits[0, len(PROMPT[0]) - 1 : -1].float()
-    chosen = logits.gather(1, torch.as_tensor(tokens[0, len(PROMPT[0]) :], dtype=torch.long)[:, None])[:, 0]
+    chosen = logits.gather(
+        1, torch.as_tensor(tokens[0, len(PROMPT[0]) :], dtype=torch.long)[:, None]
+    )[:, 0]
     best, runner_up = logits.topk(2, dim=1).values.unbind(1)
     tolerance = 4 * 2.0**-8 * logits.abs().max().item()  # four bfloat16 steps of the largest logit
     assert torch.all(chosen >= best - tolerance), (best - chosen).max()

@@ -41,9 +41,16 @@ def test_model_reading_the_2d_mask_itself(tmp_path):
 @pytest.mark.parametrize("window", [3, None])
 def test_sliding_and_full_layers(tmp_path, window):
     config = transformers.Gemma3TextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, sliding_window=window or 4096, layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=window or 4096,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
@@ -51,26 +58,49 @@ def test_chunked_and_full_layers(tmp_path):
     # Llama 4: chunked layers see only their chunk of 4 positions (counted from each row's first real token,
     # so a left-padded row keeps its chunks); the full layer sees everything.
     config = transformers.Llama4TextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_chunk_size=4, num_local_experts=2,
-        layer_types=["chunked_attention", "full_attention"], no_rope_layers=[1, 0], moe_layers=[],
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        attention_chunk_size=4,
+        num_local_experts=2,
+        layer_types=["chunked_attention", "full_attention"],
+        no_rope_layers=[1, 0],
+        moe_layers=[],
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
 def test_recurrent_layers(tmp_path):
     # Mamba: conv and SSM states instead of keys and values, taken as `cache_params`, and no attention at all.
-    config = transformers.MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4)
+    config = transformers.MambaConfig(
+        vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
 def test_hybrid_attention_and_recurrent_layers(tmp_path):
     # Jamba: a Mamba layer (its padding mask the prompt's part of the 2-D mask) and an attention layer.
     config = transformers.JambaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2,
-        expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8, use_mamba_kernels=False,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        num_experts=2,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        mamba_d_state=8,
+        mamba_dt_rank=8,
+        use_mamba_kernels=False,
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
@@ -78,43 +108,82 @@ def test_model_counting_positions_from_the_cache(tmp_path):
     # BART's decoder ignores position_ids and counts positions from the cache length, which padding the
     # prompt into a length bucket would shift.
     config = transformers.BartConfig(
-        vocab_size=64, d_model=32, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
-        encoder_attention_heads=4, decoder_ffn_dim=64, encoder_ffn_dim=64, max_position_embeddings=64,
+        vocab_size=64,
+        d_model=32,
+        decoder_layers=2,
+        encoder_layers=2,
+        decoder_attention_heads=4,
+        encoder_attention_heads=4,
+        decoder_ffn_dim=64,
+        encoder_ffn_dim=64,
+        max_position_embeddings=64,
         forced_eos_token_id=None,
-    )  # fmt: skip
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
 def test_forced_eos_and_suppressed_first_tokens(tmp_path):
     # BART-family generation configs force EOS as the last token; Whisper's suppress tokens as the first.
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, eos_token_id=2,
-    )  # fmt: skip
-    assert_generates_like_transformers(config, tmp_path, forced_eos_token_id=2, begin_suppress_tokens=[3, 4, 5])
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=2,
+    )
+    assert_generates_like_transformers(
+        config, tmp_path, forced_eos_token_id=2, begin_suppress_tokens=[3, 4, 5]
+    )
 
 
 def test_sparse_attention_indexer_keys(tmp_path):
     # DeepSeek V3.2: each layer's indexer keeps keys of its own, which pick the keys attention may see. Top-k
     # over all of them: torch and JAX break ties (ReLU'd scores are often exactly 0) in different orders.
     config = transformers.DeepseekV32Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-        n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
-        v_head_dim=8, index_topk=64, index_head_dim=16, index_n_heads=2, mlp_layer_types=["dense", "dense"],
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        index_topk=64,
+        index_head_dim=16,
+        index_n_heads=2,
+        mlp_layer_types=["dense", "dense"],
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
 def test_model_without_a_cache(tmp_path):
     # OpenAI GPT takes no cache: like transformers, generate reads the whole sequence at every step.
-    config = transformers.OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    config = transformers.OpenAIGPTConfig(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64
+    )
     assert_generates_like_transformers(config, tmp_path)
 
 
 def test_a_cache_of_another_kind_is_refused(tmp_path):
     # RWKV keeps its recurrent state in `state`: re-reading the sequence every step would not give its tokens.
-    config = transformers.RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64)
+    config = transformers.RwkvConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        attention_hidden_size=32,
+        intermediate_size=64,
+    )
     save_tiny(config, tmp_path)
     model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
     with pytest.raises(NotImplementedError, match="takes 'state'"):

@@ -17,25 +17,57 @@ NEW_TOKENS = 9
 PAD = 0
 
 T5GEMMA_MODULE = dict(
-    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
-)  # fmt: skip
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"],
+)
 
 CONFIGS = {
     "t5": lambda: transformers.T5Config(
-        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=1,
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=PAD,
+        pad_token_id=PAD,
+        eos_token_id=1,
     ),
     "bart": lambda: transformers.BartConfig(
-        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=PAD, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=1,
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_bos_token_id=1,
     ),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(
-        encoder=T5GEMMA_MODULE, decoder=T5GEMMA_MODULE, vocab_size=64, pad_token_id=PAD, bos_token_id=2, eos_token_id=1,
+        encoder=T5GEMMA_MODULE,
+        decoder=T5GEMMA_MODULE,
+        vocab_size=64,
+        pad_token_id=PAD,
+        bos_token_id=2,
+        eos_token_id=1,
     ),
-}  # fmt: skip
+}
 
 
 def right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +92,10 @@ def test_greedy_matches_transformers(models):
     ids, mask = right_padded(SOURCES)
     expected = reference_generate(reference, ids, mask, max_new_tokens=NEW_TOKENS)
     actual = np.asarray(model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS))
-    assert actual.shape == (len(SOURCES), 1 + NEW_TOKENS)  # the decoder's start token, then the new tokens
+    assert actual.shape == (
+        len(SOURCES),
+        1 + NEW_TOKENS,
+    )  # the decoder's start token, then the new tokens
     assert_same_continuation(expected, actual, pad_token_id=PAD)
 
 

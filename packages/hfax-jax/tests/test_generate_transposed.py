@@ -16,24 +16,41 @@ from hfax.testing import left_padded, reference_generate, save_tiny
 
 PROMPTS = [[1, 17, 300, 42, 9, 77, 5], [1, 250, 3, 88]]
 NEW = generation.TRANSPOSE_FROM_STEPS
-PROJECTIONS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-               "mlp.down_proj"]  # fmt: skip
+PROJECTIONS = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+]
 
 
 def llama(directory, tied: bool, dtype: str = "float32"):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+    )
     reference = save_tiny(config, directory, spread=True)
-    return reference, hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend="jax", dtype=dtype)
+    return reference, hfax.AutoModelForCausalLM.from_pretrained(
+        str(directory), backend="jax", dtype=dtype
+    )
 
 
 @pytest.fixture(scope="module")
 def untied(tmp_path_factory):
-    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))  # not the user's cache
+    os.environ.setdefault(
+        "HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache"))
+    )  # not the user's cache
     return llama(tmp_path_factory.mktemp("llama-untied"), tied=False)
 
 
@@ -46,11 +63,17 @@ def arguments(model, prompts, new):
 def test_which_loops_transpose_which_weights(untied, tmp_path):
     _, model = untied
     _, static = arguments(model, PROMPTS, NEW)
-    expected = {f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS} | {"lm_head.weight"}
+    expected = {f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS} | {
+        "lm_head.weight"
+    }
     assert generation._transposed_weights(model, static, rows=2) == expected
-    assert generation._transposed_weights(model, static, rows=1) == frozenset()  # matrix-vector: as it is
+    assert (
+        generation._transposed_weights(model, static, rows=1) == frozenset()
+    )  # matrix-vector: as it is
     _, short = arguments(model, PROMPTS, NEW // 2)
-    assert generation._transposed_weights(model, short, rows=2) == frozenset()  # the copy would not pay
+    assert (
+        generation._transposed_weights(model, short, rows=2) == frozenset()
+    )  # the copy would not pay
     # Tied: the table serves the embedding (rows gathered) and the output layer; it keeps its layout.
     _, tied = llama(tmp_path / "tied", tied=True)
     assert generation._transposed_weights(tied, static, rows=2) == expected - {"lm_head.weight"}
@@ -65,7 +88,9 @@ def test_decode_loop_multiplies_by_the_transposed_copy(untied):
     _, model = untied
     hlo = generation.lower(model, *left_padded(PROMPTS), max_new_tokens=NEW).compile().as_text()
     # Contracted dimension of the weight in every linear layer's product inside the loop: 0 for [in, out].
-    products = re.findall(r"rhs_contracting_dims=\{(\d)\}, [^\n]*op_name=\"[^\"]*/while/body/linear/", hlo)
+    products = re.findall(
+        r"rhs_contracting_dims=\{(\d)\}, [^\n]*op_name=\"[^\"]*/while/body/linear/", hlo
+    )
     assert products == ["0"] * (2 * len(PROJECTIONS) + 1), products
 
 

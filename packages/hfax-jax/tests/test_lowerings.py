@@ -14,7 +14,9 @@ def on_jax(fn, *tensors, **kwargs) -> np.ndarray:
     import jax.numpy as jnp
 
     with env():
-        return np.asarray(to_array(fn(*to_tensor([jnp.asarray(t.numpy()) for t in tensors]), **kwargs)))
+        return np.asarray(
+            to_array(fn(*to_tensor([jnp.asarray(t.numpy()) for t in tensors]), **kwargs))
+        )
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
@@ -35,8 +37,12 @@ def test_grouped_mm_matches_pytorch():
     # transformers' mixture-of-experts path: tokens sorted by expert, `offs` the cumulative rows per expert.
     generator = torch.Generator().manual_seed(2)
     tokens = torch.randn(7, 8, generator=generator)
-    experts = torch.randn(3, 8, 4, generator=generator)  # PyTorch's CPU kernel wants 16-byte strides
-    offs = torch.tensor([2, 2, 6], dtype=torch.int32)  # an empty group, and a row past the last group
+    experts = torch.randn(
+        3, 8, 4, generator=generator
+    )  # PyTorch's CPU kernel wants 16-byte strides
+    offs = torch.tensor(
+        [2, 2, 6], dtype=torch.int32
+    )  # an empty group, and a row past the last group
     expected = torch._grouped_mm(tokens, experts, offs=offs)
     actual = on_jax(torch._grouped_mm, tokens, experts, offs)
     np.testing.assert_allclose(actual[:6], expected[:6].numpy(), atol=1e-5)
@@ -61,4 +67,6 @@ def test_type_as_converts_a_copy_and_takes_a_view():
         halves = to_tensor(jnp.ones((2, 3), jnp.bfloat16))
         floats = to_tensor(jnp.zeros((2, 5), jnp.float32))
         converted = halves.type_as(floats[:, :3])  # `other` a torchax view
-        assert converted.dtype == torch.float32 and halves.dtype == torch.bfloat16  # `self` unchanged
+        assert (
+            converted.dtype == torch.float32 and halves.dtype == torch.bfloat16
+        )  # `self` unchanged

@@ -31,18 +31,30 @@ LAYERS = 2
 def llama_config() -> Any:
     """8 query heads over 2 key/value heads: fewer KV heads than the ``model`` axis."""
     return transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
 
 
 def gemma_config() -> Any:
     """Tied embeddings, a vocabulary no mesh axis divides, sliding and full layers, head_dim != hidden / heads."""
     return transformers.Gemma3TextConfig(
-        vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=8,
-        num_key_value_heads=8, head_dim=16, max_position_embeddings=128, sliding_window=4,
+        vocab_size=250,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=16,
+        max_position_embeddings=128,
+        sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
+    )
 
 
 CONFIGS = {"llama": llama_config, "gemma": gemma_config}
@@ -56,7 +68,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     for name, config in CONFIGS.items():
         directory = tmp_path_factory.mktemp(name)
         reference = save_tiny(config(), directory)
-        expected = reference_generate(reference, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+        expected = reference_generate(
+            reference, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS
+        )
         saved[name] = (directory, expected)
     return saved
 
@@ -69,7 +83,9 @@ def load(checkpoints: dict[str, tuple[Path, np.ndarray]]) -> Callable[[str, str 
     def get(name: str, mesh: str | None) -> Any:
         if (name, mesh) not in loaded:
             device_mesh = hfax.make_mesh(**MESHES[mesh]) if mesh else None
-            loaded[name, mesh] = hfax.AutoModelForTPU.from_pretrained(str(checkpoints[name][0]), backend="jax", mesh=device_mesh)
+            loaded[name, mesh] = hfax.AutoModelForTPU.from_pretrained(
+                str(checkpoints[name][0]), backend="jax", mesh=device_mesh
+            )
         return loaded[name, mesh]
 
     return get
@@ -115,7 +131,9 @@ def test_key_value_projections_split_by_whole_heads(load):
     gemma, llama = load("gemma", "model=8"), load("llama", "model=8")
     for projection in ("k_proj", "v_proj"):
         assert shard_shape(gemma, f"model.layers.0.self_attn.{projection}.weight") == (16, 64)
-        assert llama.params[f"model.layers.0.self_attn.{projection}.weight"].sharding.spec == P(None, None)
+        assert llama.params[f"model.layers.0.self_attn.{projection}.weight"].sharding.spec == P(
+            None, None
+        )
 
 
 def test_fsdp_splits_every_matrix_eight_ways(load):
@@ -128,20 +146,28 @@ def test_fsdp_splits_every_matrix_eight_ways(load):
 def test_tied_embeddings_stay_one_replicated_array_when_the_vocabulary_does_not_divide(load):
     model = load("gemma", "model=8")
     assert "lm_head.weight" not in model.params  # tied: one array serves the embedding and the head
-    assert model.params["model.embed_tokens.weight"].sharding.spec == P(None, None)  # 250 rows, 8 devices
-    assert load("llama", "model=8").params["model.embed_tokens.weight"].sharding.spec == P("model", None)
+    assert model.params["model.embed_tokens.weight"].sharding.spec == P(
+        None, None
+    )  # 250 rows, 8 devices
+    assert load("llama", "model=8").params["model.embed_tokens.weight"].sharding.spec == P(
+        "model", None
+    )
 
 
 def program_arguments(model: Any) -> tuple[tuple[Any, ...], Any]:
     """The generate program's arguments for ``PROMPTS``, as ``generate`` builds them."""
-    ids, mask, settings = generation.resolve(model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS}, generation.OPTIONAL)
+    ids, mask, settings = generation.resolve(
+        model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS}, generation.OPTIONAL
+    )
     return generation._arguments(model, ids, mask, settings)
 
 
 def prefill_cache(model: Any) -> Any:
     """The first layer's key buffer after prefill."""
     (params, prompt_ids, prompt_mask, source, _, options), static = program_arguments(model)
-    state = model.program("prefill", generation.prefill_program)(params, prompt_ids, prompt_mask, source, options, static=static)
+    state = model.program("prefill", generation.prefill_program)(
+        params, prompt_ids, prompt_mask, source, options, static=static
+    )
     return state["states"][0]["keys"]
 
 
@@ -156,14 +182,19 @@ def prefill_cache(model: Any) -> Any:
 )
 def test_kv_cache_is_split_over_heads_and_rows(load, name, mesh, spec):
     keys = prefill_cache(load(name, mesh))
-    assert keys.sharding.is_equivalent_to(jax.sharding.NamedSharding(keys.sharding.mesh, spec), keys.ndim), keys.sharding
+    assert keys.sharding.is_equivalent_to(
+        jax.sharding.NamedSharding(keys.sharding.mesh, spec), keys.ndim
+    ), keys.sharding
 
 
 def test_inputs_are_split_over_the_data_axis(load):
     model = load("llama", "data=2,model=4")
     (_, prompt_ids, prompt_mask, *_), _ = program_arguments(model)
     for array in (prompt_ids, prompt_mask):
-        assert array.sharding.spec == P("data", None) and array.addressable_shards[0].data.shape[0] == 1
+        assert (
+            array.sharding.spec == P("data", None)
+            and array.addressable_shards[0].data.shape[0] == 1
+        )
     logits = model(left_padded(PROMPTS)[0]).logits  # the forward splits its batch too
     assert logits.sharding.spec[0] == "data"
 
@@ -186,7 +217,11 @@ def compiles(run: Callable[[], Any]) -> dict[str, int]:
     before = monitor.snapshot().by_function
     run()
     after = monitor.snapshot().by_function
-    return {name: count - before.get(name, 0) for name, count in after.items() if count > before.get(name, 0)}
+    return {
+        name: count - before.get(name, 0)
+        for name, count in after.items()
+        if count > before.get(name, 0)
+    }
 
 
 GENERATE, PREFILL, DECODE = "jit(_generate_all)", "jit(prefill_program)", "jit(decode_program)"
@@ -195,7 +230,9 @@ GENERATE, PREFILL, DECODE = "jit(_generate_all)", "jit(prefill_program)", "jit(d
 def test_sharded_programs_compile_once_per_bucket(load):
     model = load("llama", "model=8")
     prompt = np.array([PROMPTS[0] * 2])
-    run = lambda length, new, **options: lambda: model.generate(prompt[:, :length], max_new_tokens=new, **options)
+    run = lambda length, new, **options: (
+        lambda: model.generate(prompt[:, :length], max_new_tokens=new, **options)
+    )
     compiles(run(6, 8))
     assert GENERATE not in compiles(run(9, 5))  # prompt bucket 16, capacity 16: the same program
     assert compiles(run(9, 20)).get(GENERATE) == 1  # capacity 32: one new program
@@ -216,7 +253,8 @@ def collectives(hlo: str) -> tuple[collections.Counter, list[tuple[str, int]]]:
     kinds = collections.Counter()
     gathers = []
     for dtype, dims, kind in re.findall(
-        r"= (\w+)\[([\d,]*)\]\S* (all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(", body
+        r"= (\w+)\[([\d,]*)\]\S* (all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(",
+        body,
     ):
         kinds[kind] += 1
         if kind == "all-gather":
@@ -227,12 +265,22 @@ def collectives(hlo: str) -> tuple[collections.Counter, list[tuple[str, int]]]:
 def test_tensor_parallel_decode_costs_two_all_reduces_per_layer(load):
     ids, mask = left_padded(PROMPTS)
     # Gemma's vocabulary is replicated (250 rows on 8 devices): the layers' collectives alone.
-    hlo = generation.lower(load("gemma", "model=8"), ids, mask, max_new_tokens=NEW_TOKENS).compile().as_text()
+    hlo = (
+        generation.lower(load("gemma", "model=8"), ids, mask, max_new_tokens=NEW_TOKENS)
+        .compile()
+        .as_text()
+    )
     kinds, _ = collectives(hlo)
-    assert kinds == {"all-reduce": 2 * LAYERS}  # o_proj and down_proj; attention runs on local heads
+    assert kinds == {
+        "all-reduce": 2 * LAYERS
+    }  # o_proj and down_proj; attention runs on local heads
     # Llama's vocabulary is split: one more all-reduce for the embedding lookup, and greedy argmax over
     # split logits gathers each device's best (value, index) per row: batch x 8 numbers, not activations.
-    hlo = generation.lower(load("llama", "model=8"), ids, mask, max_new_tokens=NEW_TOKENS).compile().as_text()
+    hlo = (
+        generation.lower(load("llama", "model=8"), ids, mask, max_new_tokens=NEW_TOKENS)
+        .compile()
+        .as_text()
+    )
     kinds, gathers = collectives(hlo)
     assert kinds["all-reduce"] == 2 * LAYERS + 1
     assert set(kinds) <= {"all-reduce", "all-gather"}
@@ -248,14 +296,24 @@ def test_plan_before_loading_matches_the_placed_weights(load, checkpoints):
     ]
     assert placed.bytes_per_device < placed.bytes / 2
     table = str(placed)
-    assert "model.layers.0.self_attn.q_proj.weight" in table and "(model, -)" in table and "per device" in table
+    assert (
+        "model.layers.0.self_attn.q_proj.weight" in table
+        and "(model, -)" in table
+        and "per device" in table
+    )
 
 
 def test_a_model_too_large_for_the_devices_fails_before_any_weight_is_read(tmp_path, monkeypatch):
-    llama_config().save_pretrained(tmp_path)  # a config and no weights: loading them would fail differently
+    llama_config().save_pretrained(
+        tmp_path
+    )  # a config and no weights: loading them would fail differently
     monkeypatch.setenv("HFAX_DEVICE_MEMORY", "20KB")  # the weights take 67 KB per device
-    with pytest.raises(hfax.DeviceMemoryError, match=r"per device on mesh model=8.*HFAX_DEVICE_MEMORY.*fsdp="):
-        hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax", mesh=hfax.make_mesh(model=8))
+    with pytest.raises(
+        hfax.DeviceMemoryError, match=r"per device on mesh model=8.*HFAX_DEVICE_MEMORY.*fsdp="
+    ):
+        hfax.AutoModelForTPU.from_pretrained(
+            str(tmp_path), backend="jax", mesh=hfax.make_mesh(model=8)
+        )
 
 
 def test_cli_plan_prints_the_layout_and_fails_when_it_does_not_fit(checkpoints, monkeypatch):
@@ -263,12 +321,20 @@ def test_cli_plan_prints_the_layout_and_fails_when_it_does_not_fit(checkpoints, 
 
     from hfax.cli import app
 
-    monkeypatch.setenv("HFAX_DEVICE_MEMORY", "1TB")  # `hfax plan --device-memory` sets it: restored after the test
+    monkeypatch.setenv(
+        "HFAX_DEVICE_MEMORY", "1TB"
+    )  # `hfax plan --device-memory` sets it: restored after the test
     directory = str(checkpoints["gemma"][0])
-    result = CliRunner().invoke(app, ["plan", "--model", directory, "--mesh", "fsdp=2,model=16"])  # not a mesh here
+    result = CliRunner().invoke(
+        app, ["plan", "--model", directory, "--mesh", "fsdp=2,model=16"]
+    )  # not a mesh here
     assert result.exit_code == 0, result.output
-    assert "(model, fsdp)" in result.output and "per device on mesh fsdp=2,model=16" in result.output
-    result = CliRunner().invoke(app, ["plan", "--model", directory, "--mesh", "model=8", "--device-memory", "1KB"])
+    assert (
+        "(model, fsdp)" in result.output and "per device on mesh fsdp=2,model=16" in result.output
+    )
+    result = CliRunner().invoke(
+        app, ["plan", "--model", directory, "--mesh", "model=8", "--device-memory", "1KB"]
+    )
     assert result.exit_code == 1 and "does not fit" in result.output
 
 
@@ -277,13 +343,28 @@ def test_two_processes_generate_the_tokens_of_one(load, checkpoints):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     worker = Path(__file__).with_name("multihost_worker.py")
-    command = [sys.executable, str(worker), str(port), str(checkpoints["llama"][0]), "data=2,model=4"]
-    processes = [subprocess.Popen([*command, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    command = [
+        sys.executable,
+        str(worker),
+        str(port),
+        str(checkpoints["llama"][0]),
+        "data=2,model=4",
+    ]
+    processes = [
+        subprocess.Popen(
+            [*command, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
     outputs = [process.communicate(timeout=600) for process in processes]
     expected = generate(load("llama", None))
     for process, (stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
-        lines = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("TOKENS", "STREAMED")))
+        lines = dict(
+            line.split(" ", 1)
+            for line in stdout.splitlines()
+            if line.startswith(("TOKENS", "STREAMED"))
+        )
         np.testing.assert_array_equal(np.array(eval(lines["TOKENS"])), expected)
         np.testing.assert_array_equal(np.array(eval(lines["STREAMED"])), expected)
 
@@ -293,7 +374,10 @@ def test_two_processes_generate_the_tokens_of_one(load, checkpoints):
 def test_attention_lowering_matches_torch(groups, mask):
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(2, 8, 5, 16, generator=generator)
-    key, value = (torch.randn(2, 8 // groups, 7 if mask != "causal" else 5, 16, generator=generator) for _ in range(2))
+    key, value = (
+        torch.randn(2, 8 // groups, 7 if mask != "causal" else 5, 16, generator=generator)
+        for _ in range(2)
+    )
     kwargs: dict[str, Any] = {"enable_gqa": groups > 1, "scale": 0.3}
     if mask == "causal":
         kwargs["is_causal"] = True
@@ -303,6 +387,11 @@ def test_attention_lowering_matches_torch(groups, mask):
     elif mask == "additive":
         kwargs["attn_mask"] = torch.randn(2, 1, 5, 7, generator=generator)
     expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
-    arrays = {name: value.numpy() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
-    actual = lowerings.scaled_dot_product_attention(query.numpy(), key.numpy(), value.numpy(), **arrays)
+    arrays = {
+        name: value.numpy() if isinstance(value, torch.Tensor) else value
+        for name, value in kwargs.items()
+    }
+    actual = lowerings.scaled_dot_product_attention(
+        query.numpy(), key.numpy(), value.numpy(), **arrays
+    )
     np.testing.assert_allclose(np.asarray(actual), expected.numpy(), rtol=1e-5, atol=1e-5)

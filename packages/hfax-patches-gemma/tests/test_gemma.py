@@ -21,11 +21,22 @@ TEXT = dict(
     head_dim=16,
     max_position_embeddings=128,
 )
-HYBRID = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8)
+HYBRID = dict(
+    sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention", "full_attention"]
+)
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=32,
+    patch_size=8,
+)
 CONFIGS = {
     "gemma": lambda: transformers.GemmaConfig(**TEXT),
-    "gemma2": lambda: transformers.Gemma2Config(**TEXT, **HYBRID, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma2": lambda: transformers.Gemma2Config(
+        **TEXT, **HYBRID, attn_logit_softcapping=50.0, final_logit_softcapping=30.0
+    ),
     "gemma3_text": lambda: transformers.Gemma3TextConfig(**TEXT, **HYBRID),
     # The multimodal checkpoint, used for text: its windows live in text_config.
     "gemma3": lambda: transformers.Gemma3Config(
@@ -38,7 +49,12 @@ CONFIGS = {
     ),
 }
 #: What each model type attends with on JAX once patched.
-ATTENTION = {"gemma": "hfax_jax", "gemma2": "eager", "gemma3_text": "hfax_jax", "gemma3": "hfax_jax"}
+ATTENTION = {
+    "gemma": "hfax_jax",
+    "gemma2": "eager",
+    "gemma3_text": "hfax_jax",
+    "gemma3": "hfax_jax",
+}
 PROMPT = [2, 5, 17, 33, 2, 99, 64, 7, 8, 12, 100, 3]
 NEW_TOKENS = 24  # prompt plus generation (36) is well past the sliding window (8)
 PADDED_BATCH = [PROMPT[:5], PROMPT + [45, 46, 47, 48]]
@@ -82,14 +98,18 @@ def test_padded_batch_logits_equal_pytorch(loaded):
 
 def test_decode_compiles_once_per_bucket(loaded):
     _, _, model = loaded
-    model.generate(np.asarray([PROMPT]), max_new_tokens=NEW_TOKENS)  # compiled by now, whatever ran first
+    model.generate(
+        np.asarray([PROMPT]), max_new_tokens=NEW_TOKENS
+    )  # compiled by now, whatever ran first
     model.generate(np.asarray([PROMPT[:9]]), max_new_tokens=NEW_TOKENS - 3)  # same buckets
     assert model.last_generate_stats.compiles == 0
 
 
 def test_the_patch_leaves_the_vision_tower_and_is_undone_by_unpatch(tmp_path):
     model = save_tiny(CONFIGS["gemma3"](), tmp_path)
-    hfax.get_plugin_manager().hook.hfax_patch_model(model=model, family="gemma", backend="jax", patcher=hfax.Patcher(model))
+    hfax.get_plugin_manager().hook.hfax_patch_model(
+        model=model, family="gemma", backend="jax", patcher=hfax.Patcher(model)
+    )
     assert model.config.text_config._attn_implementation == "hfax_jax"
     assert model.config.vision_config._attn_implementation == "sdpa"
     hfax.unpatch(model)

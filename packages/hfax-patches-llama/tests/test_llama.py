@@ -25,14 +25,20 @@ CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**COMMON),
     "mistral": lambda: transformers.MistralConfig(**COMMON, sliding_window=WINDOW),
     # Layer 0 full, layer 1 sliding: a hybrid cache.
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "qwen2": lambda: transformers.Qwen2Config(
+        **COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    ),
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=16),
     "ministral": lambda: transformers.MinistralConfig(**COMMON, head_dim=16, sliding_window=WINDOW),
     # Every other layer without rotary positions (NoPE).
     "smollm3": lambda: transformers.SmolLM3Config(**COMMON, **SPECIAL, no_rope_layer_interval=2),
     # Granite's multipliers reach attention as its scaling.
     "granite": lambda: transformers.GraniteConfig(
-        **COMMON, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0
+        **COMMON,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.2,
+        logits_scaling=4.0,
     ),
 }
 PROMPT = [5, 17, 33, 2, 99, 64, 7, 8, 12, 100, 3, 45]
@@ -77,7 +83,9 @@ def test_padded_batch_logits_equal_pytorch(pair):
 
 def test_decode_compiles_once_per_bucket(pair):
     _, model = pair
-    model.generate(np.asarray([PROMPT]), max_new_tokens=NEW_TOKENS)  # compiled by now, whatever ran first
+    model.generate(
+        np.asarray([PROMPT]), max_new_tokens=NEW_TOKENS
+    )  # compiled by now, whatever ran first
     model.generate(np.asarray([PROMPT[:9]]), max_new_tokens=NEW_TOKENS - 3)  # same buckets
     assert model.last_generate_stats.compiles == 0
 
@@ -87,12 +95,16 @@ def test_patch_is_idempotent_undoable_and_keeps_a_chosen_attention(checkpoint):
     hook = hfax.get_plugin_manager().hook
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     for _ in range(2):
-        hook.hfax_patch_model(model=model, family="llama", backend="jax", patcher=hfax.Patcher(model))
+        hook.hfax_patch_model(
+            model=model, family="llama", backend="jax", patcher=hfax.Patcher(model)
+        )
     assert model.config._attn_implementation == "hfax_jax" and len(hfax.Patcher(model).patched) == 1
     hfax.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
     eager = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
     hook.hfax_patch_model(model=eager, family="llama", backend="jax", patcher=hfax.Patcher(eager))
     assert eager.config._attn_implementation == "eager"
-    hook.hfax_patch_model(model=model, family="llama", backend="torch_xla", patcher=hfax.Patcher(model))
+    hook.hfax_patch_model(
+        model=model, family="llama", backend="torch_xla", patcher=hfax.Patcher(model)
+    )
     assert model.config._attn_implementation == "sdpa"

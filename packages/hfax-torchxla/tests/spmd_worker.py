@@ -20,17 +20,23 @@ def main(directory: str, mesh: str) -> None:
     logits = as_numpy(model(input_ids=ids).logits)
     tokens = as_numpy(model.generate(ids, max_new_tokens=12))
     specs = {name: spec_of(tensor) for name, tensor in model.params.items()}
-    print(json.dumps({
-        "logits_error": float(np.abs(logits - want_logits).max()),
-        "same_tokens": bool((tokens == reference_generate(ref, ids, max_new_tokens=12)).all()),
-        "q_proj": specs["model.layers.0.self_attn.q_proj.weight"],
-        "k_proj": specs["model.layers.0.self_attn.k_proj.weight"],
-        "down_proj": specs["model.layers.0.mlp.down_proj.weight"],
-        "devices": len(hfax.get_backend("torch_xla").devices()),
-        "report_q_proj": dict((p.name, p.spec) for p in model.sharding_report().placements)[
-            "model.layers.0.self_attn.q_proj.weight"
-        ],
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "logits_error": float(np.abs(logits - want_logits).max()),
+                "same_tokens": bool(
+                    (tokens == reference_generate(ref, ids, max_new_tokens=12)).all()
+                ),
+                "q_proj": specs["model.layers.0.self_attn.q_proj.weight"],
+                "k_proj": specs["model.layers.0.self_attn.k_proj.weight"],
+                "down_proj": specs["model.layers.0.mlp.down_proj.weight"],
+                "devices": len(hfax.get_backend("torch_xla").devices()),
+                "report_q_proj": dict((p.name, p.spec) for p in model.sharding_report().placements)[
+                    "model.layers.0.self_attn.q_proj.weight"
+                ],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def test_a_foreign_mesh_is_refused_with_the_way_out(tiny):
 def test_a_forward_is_one_program_per_shape_without_host_syncs(tiny):
     from hfax.backends.torchxla import runtime
 
-    _, _, model = tiny("gpt2")  # transformers' mask code would call padding_mask.all() on a lazy tensor
+    _, _, model = tiny(
+        "gpt2"
+    )  # transformers' mask code would call padding_mask.all() on a lazy tensor
     mask = np.ones_like(IDS)
     mask[1, :2] = 0
     before = runtime.counters()

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from hfax.backends.torchxla import generation, runtime
-from hfax.testing import as_numpy, assert_same_continuation, left_padded, reference_generate, save_tiny, tiny_config
+from hfax.testing import (
+    as_numpy,
+    assert_same_continuation,
+    left_padded,
+    reference_generate,
+    save_tiny,
+    tiny_config,
+)
 
 PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
 
@@ -36,9 +43,13 @@ def test_a_32_token_generation_compiles_one_bucket_then_nothing(tiny, name):
 @pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
 def test_decoding_runs_no_operation_on_the_cpu(tiny, name):
     _, _, model = tiny(name)
-    model.generate(np.array([PROMPTS[1]]), max_new_tokens=20)  # compiled, so only running is measured
+    model.generate(
+        np.array([PROMPTS[1]]), max_new_tokens=20
+    )  # compiled, so only running is measured
     before = runtime.counters()
-    model.generate(np.array([PROMPTS[1]]), max_new_tokens=20, do_sample=True, top_k=5, top_p=0.9, seed=1)
+    model.generate(
+        np.array([PROMPTS[1]]), max_new_tokens=20, do_sample=True, top_k=5, top_p=0.9, seed=1
+    )
     model.generate(np.array([PROMPTS[1]]), max_new_tokens=20)
     assert (runtime.counters() - before).fallbacks == {}
 
@@ -47,9 +58,13 @@ def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
     _, _, model = tiny("llama")
     linears = [m for m in model.module.modules() if type(m) is torch.nn.Linear]
     assert linears
-    with generation.in_out_weights(model, rows=1, capacity=generation.TRANSPOSE_FROM_STEPS):  # one row: [out, in]
+    with generation.in_out_weights(
+        model, rows=1, capacity=generation.TRANSPOSE_FROM_STEPS
+    ):  # one row: [out, in]
         assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
-    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2):  # a short call
+    with generation.in_out_weights(
+        model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2
+    ):  # a short call
         assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
     with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS):
         for linear in linears:
@@ -57,12 +72,16 @@ def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
             assert linear.forward.__func__ is generation._linear
             torch.testing.assert_close(copy.cpu(), linear.weight.cpu().t(), rtol=0, atol=0)
             x = torch.randn(3, linear.in_features).to(copy.device)
-            torch.testing.assert_close(linear(x).cpu(), torch.nn.functional.linear(x, linear.weight, linear.bias).cpu())
+            torch.testing.assert_close(
+                linear(x).cpu(), torch.nn.functional.linear(x, linear.weight, linear.bias).cpu()
+            )
             # The forward reads the copy, not the weight: a doubled copy doubles the product.
             setattr(linear, generation.IN_OUT, 2 * copy)
             doubled = torch.nn.functional.linear(x, 2 * linear.weight, linear.bias)
             torch.testing.assert_close(linear(x).cpu(), doubled.cpu())
-    assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)  # held only while the call runs
+    assert not any(
+        hasattr(linear, generation.IN_OUT) for linear in linears
+    )  # held only while the call runs
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +100,19 @@ def test_a_batched_long_call_chooses_pytorch_tokens_and_compiles_once(spread_lla
     ids, mask = left_padded(PROMPTS)
     new = generation.TRANSPOSE_FROM_STEPS
     out = model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)
-    np.testing.assert_array_equal(as_numpy(out), reference_generate(ref, ids, mask, max_new_tokens=new, min_new_tokens=new))
+    np.testing.assert_array_equal(
+        as_numpy(out), reference_generate(ref, ids, mask, max_new_tokens=new, min_new_tokens=new)
+    )
     before, traced = runtime.counters(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    model.generate(*left_padded(PROMPTS[::-1]), max_new_tokens=new - 5, min_new_tokens=new - 5)  # the same bucket, new copies
+    model.generate(
+        *left_padded(PROMPTS[::-1]), max_new_tokens=new - 5, min_new_tokens=new - 5
+    )  # the same bucket, new copies
     assert (runtime.counters() - before).compiles == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
     mlp = model.module.model.layers[0].mlp
-    assert mlp.gate_proj.forward.__func__ is generation._linear and not hasattr(mlp.gate_proj, generation.IN_OUT)
+    assert mlp.gate_proj.forward.__func__ is generation._linear and not hasattr(
+        mlp.gate_proj, generation.IN_OUT
+    )
 
 
 def test_bfloat16_copies_are_float32_and_change_no_token(tmp_path, monkeypatch):
@@ -96,16 +121,27 @@ def test_bfloat16_copies_are_float32_and_change_no_token(tmp_path, monkeypatch):
     import hfax
 
     reference = save_tiny(tiny_config("llama"), tmp_path, spread=True).to(torch.bfloat16)
-    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="torch_xla", dtype="bfloat16")
+    model = hfax.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), backend="torch_xla", dtype="bfloat16"
+    )
     ids, mask = left_padded(PROMPTS)
     new = generation.TRANSPOSE_FROM_STEPS
     with generation.in_out_weights(model, rows=len(PROMPTS), capacity=new):
         copy = getattr(model.module.model.layers[0].mlp.down_proj, generation.IN_OUT)
         assert copy.dtype == torch.float32
-        torch.testing.assert_close(copy.cpu(), model.module.model.layers[0].mlp.down_proj.weight.cpu().t().float(), rtol=0, atol=0)
+        torch.testing.assert_close(
+            copy.cpu(),
+            model.module.model.layers[0].mlp.down_proj.weight.cpu().t().float(),
+            rtol=0,
+            atol=0,
+        )
     copied = as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new))
-    monkeypatch.setattr(generation, "TRANSPOSE_FROM_STEPS", new + 1)  # the same bucket without copies
-    np.testing.assert_array_equal(copied, as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)))
+    monkeypatch.setattr(
+        generation, "TRANSPOSE_FROM_STEPS", new + 1
+    )  # the same bucket without copies
+    np.testing.assert_array_equal(
+        copied, as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new))
+    )
     # And PyTorch's bfloat16 model chooses the same tokens (the first 32; later, rounding may break a near tie).
     expected = reference_generate(reference, ids, mask, max_new_tokens=32, min_new_tokens=32)
     np.testing.assert_array_equal(copied[:, : expected.shape[1]], expected)

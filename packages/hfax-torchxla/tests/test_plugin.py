@@ -10,7 +10,9 @@ def test_listing_plugins_imports_neither_torch_nor_torch_xla():
         "import sys, hfax.plugins as p; names = p.backends(); assert 'torch_xla' in names, names; "
         "heavy = {'torch', 'torch_xla'} & set(sys.modules); assert not heavy, heavy"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "HFAX_STRICT_PLUGINS": "1"})
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "HFAX_STRICT_PLUGINS": "1"}
+    )
 
 
 def test_the_backend_lists_its_devices():

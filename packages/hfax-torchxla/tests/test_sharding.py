@@ -13,9 +13,18 @@ WORKER = Path(__file__).with_name("spmd_worker.py")
 
 
 def run(tmp_path, mesh: str, devices: int) -> dict:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices), "HFAX_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "PJRT_DEVICE": "CPU",
+        "CPU_NUM_DEVICES": str(devices),
+        "HFAX_CACHE": str(tmp_path / "cache"),
+    }
     done = subprocess.run(
-        [sys.executable, str(WORKER), str(tmp_path / "llama"), mesh], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(WORKER), str(tmp_path / "llama"), mesh],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -43,7 +52,10 @@ def test_plan_says_where_weights_go_without_starting_the_runtime(tiny, monkeypat
     specs = {placement.name: placement.spec for placement in layout.placements}
     assert specs["model.layers.0.self_attn.q_proj.weight"] == ("model", None)
     assert specs["model.layers.0.mlp.down_proj.weight"] == (None, "model")
-    assert specs["model.layers.0.self_attn.k_proj.weight"] == (None, None)  # 2 key/value heads, 4 devices
+    assert specs["model.layers.0.self_attn.k_proj.weight"] == (
+        None,
+        None,
+    )  # 2 key/value heads, 4 devices
     assert layout.bytes_per_device < layout.bytes
     assert model.sharding_report().bytes == layout.bytes  # one device: everything whole
     monkeypatch.setenv("HFAX_DEVICE_MEMORY", "100KB")

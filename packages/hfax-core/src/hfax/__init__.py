@@ -1,8 +1,8 @@
 """hfax: run Hugging Face transformers models on XLA devices (TPU, GPU, CPU) through JAX or PyTorch/XLA.
 
-    from hfax import AutoModelForTPU
-    model = AutoModelForTPU.from_pretrained("google/gemma-3-270m", backend="jax")
-    ids = model.generate(input_ids, max_new_tokens=64)
+from hfax import AutoModelForTPU
+model = AutoModelForTPU.from_pretrained("google/gemma-3-270m", backend="jax")
+ids = model.generate(input_ids, max_new_tokens=64)
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ from hfax.auto import (
 from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
 from hfax.plugins import detect_family, get_plugin_manager, register, unregister
-from hfax.registry import BackendSpec, Claim, DeviceMemoryError, FamilySpec, Layout, Placement, ShardingPlan
+from hfax.registry import (
+    BackendSpec,
+    Claim,
+    DeviceMemoryError,
+    FamilySpec,
+    Layout,
+    Placement,
+    ShardingPlan,
+)
 
 
 def make_mesh(**axis_sizes: int) -> Any:
@@ -34,7 +42,9 @@ def make_mesh(**axis_sizes: int) -> Any:
     try:
         from hfax.backends.jax.mesh import make_mesh as jax_make_mesh
     except ImportError as error:
-        raise BackendNotInstalledError('make_mesh needs the JAX backend: pip install "hfax[jax]"') from error
+        raise BackendNotInstalledError(
+            'make_mesh needs the JAX backend: pip install "hfax[jax]"'
+        ) from error
     return jax_make_mesh(**axis_sizes)
 
 

@@ -17,7 +17,9 @@ def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan:
     inner = getattr(model, prefix, None) if prefix else None
     prefix = f"{prefix}." if inner is not None and inner is not model else ""
     head_plan = getattr(model, "_tp_plan", None) or {}
-    base = ShardingPlan.from_tp_styles(styles, prefix=prefix, units=_head_sizes(model, styles, prefix))
+    base = ShardingPlan.from_tp_styles(
+        styles, prefix=prefix, units=_head_sizes(model, styles, prefix)
+    )
     head = ShardingPlan.from_tp_styles(head_plan, units=_head_sizes(model, head_plan))
     return ShardingPlan(base.rules + head.rules, base.units + head.units)
 

@@ -37,7 +37,9 @@ def get_backend(name: str) -> Any:
         raise BackendNotInstalledError(
             f"backend {name!r} is not installed (installed backends: {have}). Install it with: {KNOWN_BACKENDS[name]}"
         )
-    raise ValueError(f"unknown backend {name!r}; installed backends: {have}; hfax also offers: {', '.join(KNOWN_BACKENDS)}")
+    raise ValueError(
+        f"unknown backend {name!r}; installed backends: {have}; hfax also offers: {', '.join(KNOWN_BACKENDS)}"
+    )
 
 
 def check_family_version(family: str) -> None:
@@ -48,7 +50,9 @@ def check_family_version(family: str) -> None:
     try:
         tested = SpecifierSet(spec.transformers)
     except InvalidSpecifier as error:
-        raise ValueError(f"family {family!r} declares an invalid transformers range {spec.transformers!r}") from error
+        raise ValueError(
+            f"family {family!r} declares an invalid transformers range {spec.transformers!r}"
+        ) from error
     # The module as sys.modules has it now: importing some transformers.models.* modules replaces the
     # `transformers` entry with a new module object, so the one bound when this module loaded may be stale.
     version = sys.modules["transformers"].__version__
@@ -113,7 +117,14 @@ class AutoModelForTPU:
         return _finish(model, engine, backend, family, mesh, plan)
 
     @classmethod
-    def plan(cls, name_or_path: str | None = None, *, backend: str = "jax", mesh: Any = None, **hf_kwargs: Any) -> Any:
+    def plan(
+        cls,
+        name_or_path: str | None = None,
+        *,
+        backend: str = "jax",
+        mesh: Any = None,
+        **hf_kwargs: Any,
+    ) -> Any:
         """What ``from_pretrained`` would put on every device, without reading a weight.
 
         Returns an :class:`~hfax.registry.Layout`: ``print`` it for the table (tensor, shape, dtype, spec,
@@ -126,22 +137,35 @@ class AutoModelForTPU:
         plan = hook.hfax_sharding_plan(model=model, config=model.config, family=family)
         layout = hook.hfax_plan_layout(model=model, plan=plan, mesh=mesh, backend=backend)
         if layout is None:
-            raise ValueError(f"backend {backend!r} does not implement hfax_plan_layout, so it cannot say where weights go")
+            raise ValueError(
+                f"backend {backend!r} does not implement hfax_plan_layout, so it cannot say where weights go"
+            )
         return layout
 
     @classmethod
-    def _resolve(cls, name_or_path: str | None, hf_kwargs: dict[str, Any]) -> tuple[str, Any, str, Any]:
+    def _resolve(
+        cls, name_or_path: str | None, hf_kwargs: dict[str, Any]
+    ) -> tuple[str, Any, str, Any]:
         """Resolve ``name_or_path`` to its model class and family, and build the model on the meta device."""
         if name_or_path is None:
             from hfax.demo import default_model
 
             name_or_path = default_model()
-        config_kwargs = {key: hf_kwargs[key] for key in ("gguf_file", "revision", "trust_remote_code") if key in hf_kwargs}
+        config_kwargs = {
+            key: hf_kwargs[key]
+            for key in ("gguf_file", "revision", "trust_remote_code")
+            if key in hf_kwargs
+        }
         config = transformers.AutoConfig.from_pretrained(name_or_path, **config_kwargs)
         family = plugins.detect_family(config)
         check_family_version(family)
         model_class = _resolve_model_class(config, cls._auto_class)
-        return name_or_path, model_class, family, _meta_model(model_class, config, hf_kwargs.get("dtype"))
+        return (
+            name_or_path,
+            model_class,
+            family,
+            _meta_model(model_class, config, hf_kwargs.get("dtype")),
+        )
 
     @classmethod
     def from_model(cls, model: Any, *, backend: str = "jax", mesh: Any = None) -> Any:
@@ -159,7 +183,11 @@ def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:
     """
     import torch
 
-    kwargs = {} if dtype in (None, "auto") else {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
+    kwargs = (
+        {}
+        if dtype in (None, "auto")
+        else {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
+    )
     build = getattr(model_class, "_from_config", None) or model_class.from_config
     with torch.device("meta"):
         return build(config, **kwargs)
@@ -184,7 +212,9 @@ def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any, plan:
         plan = _plan(model, backend, family, mesh)
     params = hook.hfax_shard_weights(model=model, plan=plan, mesh=mesh, backend=backend)
     if params is None:
-        raise RuntimeError(f"no plugin implements hfax_shard_weights for backend {backend!r}; its plugin is broken")
+        raise RuntimeError(
+            f"no plugin implements hfax_shard_weights for backend {backend!r}; its plugin is broken"
+        )
     return engine.build(model, params=params, family=family, plan=plan, mesh=mesh)
 
 

@@ -13,7 +13,11 @@ import typer
 
 from hfax import plugins
 
-app = typer.Typer(help="Run Hugging Face transformers models on XLA devices.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Run Hugging Face transformers models on XLA devices.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 @app.command("plugins")
@@ -23,17 +27,33 @@ def plugins_command() -> None:
     rows = [(info.name, info.distribution, info.version, info.status) for info in infos]
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for info, row in zip(infos, rows):
-        provides = [f"backend {name}" for name in info.backends] + [f"family {name}" for name in info.families]
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + (", ".join(provides) or "-"))
+        provides = [f"backend {name}" for name in info.backends] + [
+            f"family {name}" for name in info.families
+        ]
+        typer.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths))
+            + "  "
+            + (", ".join(provides) or "-")
+        )
         if info.error:
-            typer.echo(f"{'':<{widths[0]}}  error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})")
+            typer.echo(
+                f"{'':<{widths[0]}}  error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})"
+            )
 
 
 @app.command("env")
 def env_command() -> None:
     """Print versions and, for each installed backend, its devices."""
     typer.echo(f"python       {platform.python_version()} ({platform.platform()})")
-    for distribution in ("hfax-core", "transformers", "torch", "jax", "jaxlib", "torchax", "torch_xla"):
+    for distribution in (
+        "hfax-core",
+        "transformers",
+        "torch",
+        "jax",
+        "jaxlib",
+        "torchax",
+        "torch_xla",
+    ):
         try:
             typer.echo(f"{distribution:<12} {importlib.metadata.version(distribution)}")
         except importlib.metadata.PackageNotFoundError:
@@ -41,7 +61,9 @@ def env_command() -> None:
     for name, spec in sorted(plugins.backends().items()):
         try:
             devices = spec.load().devices()
-        except Exception as error:  # a broken backend is reported, not fatal, in a diagnostic command
+        except (
+            Exception
+        ) as error:  # a broken backend is reported, not fatal, in a diagnostic command
             devices = [f"unavailable: {type(error).__name__}: {error}"]
         typer.echo(f"backend {name}: {', '.join(map(str, devices))}")
 
@@ -53,7 +75,9 @@ def _parse_sizes(mesh: str | None) -> dict[str, int]:
             continue
         axis, _, size = part.partition("=")
         if not size.strip().isdigit():
-            raise typer.BadParameter(f"expected AXIS=SIZE[,AXIS=SIZE], e.g. model=8, got {part!r}", param_hint="--mesh")
+            raise typer.BadParameter(
+                f"expected AXIS=SIZE[,AXIS=SIZE], e.g. model=8, got {part!r}", param_hint="--mesh"
+            )
         sizes[axis.strip()] = int(size)
     return sizes
 
@@ -62,7 +86,9 @@ def _parse_mesh(mesh: str | None, backend: str) -> Any:
     sizes = _parse_sizes(mesh)
     if not sizes:
         return None
-    if backend != "jax":  # torch_xla takes the axis sizes and builds its SPMD mesh when it starts its runtime
+    if (
+        backend != "jax"
+    ):  # torch_xla takes the axis sizes and builds its SPMD mesh when it starts its runtime
         return sizes
     from hfax import make_mesh
 
@@ -78,7 +104,9 @@ def _load(model: str | None, backend: str, mesh: str | None, dtype: str | None) 
     path = model or default_model()
     kwargs = {"dtype": dtype} if dtype else {}
     started = time.perf_counter()
-    loaded = AutoModelForCausalLM.from_pretrained(path, backend=backend, mesh=_parse_mesh(mesh, backend), **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        path, backend=backend, mesh=_parse_mesh(mesh, backend), **kwargs
+    )
     typer.echo(f"[loaded {path} on {backend} in {time.perf_counter() - started:.1f} s]", err=True)
     return AutoTokenizer.from_pretrained(path), loaded
 
@@ -99,7 +127,9 @@ def _generate(model: Any, tokenizer: Any, input_ids: Any, options: dict[str, Any
     return output
 
 
-ModelOption = typer.Option(None, "--model", "-m", help="Hub id or local dir; default: the embedded Gemma 3 270M.")
+ModelOption = typer.Option(
+    None, "--model", "-m", help="Hub id or local dir; default: the embedded Gemma 3 270M."
+)
 BackendOption = typer.Option("jax", "--backend", "-b", help="jax or torch_xla.")
 MeshOption = typer.Option(None, "--mesh", help="Device mesh, e.g. model=8 or data=2,model=4.")
 DtypeOption = typer.Option(None, "--dtype", help="float32 or bfloat16 (default: the checkpoint's).")
@@ -112,7 +142,9 @@ def plan_command(
     mesh: Optional[str] = MeshOption,
     dtype: Optional[str] = DtypeOption,
     device_memory: Optional[str] = typer.Option(
-        None, "--device-memory", help="What one device holds, e.g. 16GB (default: the devices' own; unknown on CPU)."
+        None,
+        "--device-memory",
+        help="What one device holds, e.g. 16GB (default: the devices' own; unknown on CPU).",
     ),
 ) -> None:
     """Print where every weight would go (tensor, spec, bytes per device) without loading any.
@@ -124,7 +156,9 @@ def plan_command(
 
     sizes = _parse_sizes(mesh)
     if set(sizes) - set(MESH_AXES):
-        raise typer.BadParameter(f"mesh axes must be among {', '.join(MESH_AXES)}, got {mesh!r}", param_hint="--mesh")
+        raise typer.BadParameter(
+            f"mesh axes must be among {', '.join(MESH_AXES)}, got {mesh!r}", param_hint="--mesh"
+        )
     if device_memory:
         os.environ["HFAX_DEVICE_MEMORY"] = device_memory
     kwargs = {"dtype": dtype} if dtype else {}
@@ -154,7 +188,14 @@ def generate_command(
     """Stream the continuation of PROMPT, then report tokens/s and compile time."""
     tokenizer, loaded = _load(model, backend, mesh, dtype)
     input_ids = tokenizer([prompt], return_tensors="np")["input_ids"]
-    options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    options = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
     typer.echo(prompt, nl=False)
     _generate(loaded, tokenizer, input_ids, options)
 
@@ -170,7 +211,10 @@ def chat_command(
     """Chat with the model, using its tokenizer's chat template. An empty line or EOF ends the chat."""
     tokenizer, loaded = _load(model, backend, mesh, dtype)
     if not getattr(tokenizer, "chat_template", None):
-        raise typer.BadParameter("this model's tokenizer has no chat template; use `hfax generate` instead", param_hint="--model")
+        raise typer.BadParameter(
+            "this model's tokenizer has no chat template; use `hfax generate` instead",
+            param_hint="--model",
+        )
     messages: list[dict[str, str]] = []
     while True:
         try:
@@ -180,7 +224,9 @@ def chat_command(
         if not text:
             break
         messages.append({"role": "user", "content": text})
-        input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np", return_dict=True)["input_ids"]
+        input_ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="np", return_dict=True
+        )["input_ids"]
         typer.echo("model> ", nl=False)
         output = _generate(loaded, tokenizer, input_ids, {"max_new_tokens": max_new_tokens})
         reply = tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
@@ -188,7 +234,12 @@ def chat_command(
 
 
 @app.command(
-    "bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    "bench",
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
 )
 def bench_command(ctx: typer.Context) -> None:
     """Benchmark hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).
@@ -199,7 +250,10 @@ def bench_command(ctx: typer.Context) -> None:
     import importlib.util
     from pathlib import Path
 
-    candidates = [Path.cwd() / "benchmarks" / "decode.py", Path(__file__).resolve().parents[4] / "benchmarks" / "decode.py"]
+    candidates = [
+        Path.cwd() / "benchmarks" / "decode.py",
+        Path(__file__).resolve().parents[4] / "benchmarks" / "decode.py",
+    ]
     script = next((path for path in candidates if path.is_file()), None)
     if script is None:
         raise typer.BadParameter(

@@ -49,12 +49,17 @@ def default_model() -> str:
 
     gguf = assemble()
     started = time.perf_counter()
-    _say(f"hfax: converting {gguf.name} to a transformers checkpoint in {target} (once; this takes a few minutes)")
+    _say(
+        f"hfax: converting {gguf.name} to a transformers checkpoint in {target} (once; this takes a few minutes)"
+    )
     _say("hfax: [1/3] de-quantizing the weights")
     # Dequantized, the model is a plain float32 one: transformers refuses to save a model it loaded with
     # GGUF blocks (its quantizer is not serializable), and XLA computes on dense weights anyway.
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype="float32", quantization_config=GgufConfig(dequantize=True)
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype="float32",
+        quantization_config=GgufConfig(dequantize=True),
     )
     _say("hfax: [2/3] building the tokenizer from the GGUF vocabulary")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -62,7 +67,10 @@ def default_model() -> str:
         tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
     # A model turn ends with <end_of_turn>, which the GGUF does not name as an end token; Gemma 3's own
     # generation config stops at both.
-    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    model.generation_config.eos_token_id = [
+        tokenizer.eos_token_id,
+        tokenizer.convert_tokens_to_ids("<end_of_turn>"),
+    ]
     _say("hfax: [3/3] writing safetensors and tokenizer")
     # Write beside the target and rename, so a concurrent or interrupted run never sees half a checkpoint.
     staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
@@ -73,7 +81,9 @@ def default_model() -> str:
         staging.rename(target)
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
-    _say(f"hfax: converted in {time.perf_counter() - started:.0f} s; later runs load {target} directly")
+    _say(
+        f"hfax: converted in {time.perf_counter() - started:.0f} s; later runs load {target} directly"
+    )
     return str(target)
 
 

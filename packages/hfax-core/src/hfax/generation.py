@@ -39,8 +39,14 @@ OPTIONAL = {
 }
 #: generation_config settings that change tokens, with their neutral values; a backend that does not implement
 #: one warns when a model's generation config sets it.
-UNSUPPORTED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
-               "sequence_bias": None, "num_beams": 1}  # fmt: skip
+UNSUPPORTED = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "sequence_bias": None,
+    "num_beams": 1,
+}
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -76,8 +82,14 @@ def as_ids(name: str, value: Any) -> np.ndarray:
         array = array[None]
     if array.ndim != 2:
         raise ValueError(f"{name} must have shape (batch, length), got {array.shape}")
-    if array.size and not np.issubdtype(array.dtype, np.integer) and not np.issubdtype(array.dtype, np.bool_):
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer")
+    if (
+        array.size
+        and not np.issubdtype(array.dtype, np.integer)
+        and not np.issubdtype(array.dtype, np.bool_)
+    ):
+        raise TypeError(
+            f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer"
+        )
     return array.astype(np.int64)
 
 
@@ -89,8 +101,13 @@ def _eos_list(eos: Any) -> list[int]:
     return [int(eos)]
 
 
-def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str, Any],
-            optional: Collection[str] = ()) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
+def resolve(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    settings: dict[str, Any],
+    optional: Collection[str] = (),
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Fill defaults from the model's generation config and reject bad input before anything compiles.
 
     ``settings`` are generate's keyword arguments other than ``streamer`` (``None``: unset); an unknown one is
@@ -103,13 +120,21 @@ def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str,
     """
     unknown_optional = sorted(set(optional) - set(OPTIONAL))
     if unknown_optional:
-        raise ValueError(f"resolve(optional=...) names {unknown_optional}; the optional settings are {sorted(OPTIONAL)}")
+        raise ValueError(
+            f"resolve(optional=...) names {unknown_optional}; the optional settings are {sorted(OPTIONAL)}"
+        )
     defaults = {**_DEFAULTS, **{key: OPTIONAL[key] for key in optional}}
     unknown = sorted(set(settings) - set(defaults))
     if unknown:
-        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes {sorted(defaults)} and streamer")
+        raise TypeError(
+            f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes {sorted(defaults)} and streamer"
+        )
     config = model.generation_config
-    ignored = {key: OPTIONAL[key] for key in ("forced_eos_token_id", "begin_suppress_tokens") if key not in optional}
+    ignored = {
+        key: OPTIONAL[key]
+        for key in ("forced_eos_token_id", "begin_suppress_tokens")
+        if key not in optional
+    }
     _warn_unsupported(config, {**UNSUPPORTED, **ignored})
     s = {key: settings.get(key) for key in defaults}
     for key, default in defaults.items():
@@ -124,20 +149,32 @@ def resolve(model: Any, input_ids: Any, attention_mask: Any, settings: dict[str,
     if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new!r}")
     if s["do_sample"] and not s["temperature"] > 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {s['temperature']!r}; use do_sample=False for greedy")
+        raise ValueError(
+            f"temperature must be > 0 when sampling, got {s['temperature']!r}; use do_sample=False for greedy"
+        )
     if not 0 < s["top_p"] <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {s['top_p']!r}")
-    if isinstance(s["top_k"], bool) or not isinstance(s["top_k"], (int, np.integer)) or s["top_k"] < 0:
+    if (
+        isinstance(s["top_k"], bool)
+        or not isinstance(s["top_k"], (int, np.integer))
+        or s["top_k"] < 0
+    ):
         raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {s['top_k']!r}")
     if s["min_new_tokens"] < 0:
         raise ValueError(f"min_new_tokens must be >= 0, got {s['min_new_tokens']!r}")
     vocab = model.module.get_input_embeddings().num_embeddings
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         bad = ids[(ids < 0) | (ids >= vocab)][0]
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches the model")
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches the model"
+        )
     max_positions = getattr(model.config, "max_position_embeddings", None)
-    decoded = 1 + max_new if is_encoder_decoder(model) else ids.shape[1] + max_new  # the decoder's tokens
-    if max_positions and max_positions > 0 and max(decoded, ids.shape[1]) > max_positions:  # -1: unbounded (XLNet)
+    decoded = (
+        1 + max_new if is_encoder_decoder(model) else ids.shape[1] + max_new
+    )  # the decoder's tokens
+    if (
+        max_positions and max_positions > 0 and max(decoded, ids.shape[1]) > max_positions
+    ):  # -1: unbounded (XLNet)
         raise ValueError(
             f"prompt ({ids.shape[1]} tokens) and max_new_tokens ({max_new}) need {max(decoded, ids.shape[1])} positions, "
             f"more than the model's max_position_embeddings ({max_positions}); shorten the prompt or ask for fewer tokens"
@@ -180,8 +217,11 @@ def is_encoder_decoder(model: Any) -> bool:
 def decoder_start(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
     """An encoder-decoder's first decoder tokens ``[batch, 1]``, as transformers picks them: the setting
     ``decoder_start_token_id``, else the config's, else the generation config's BOS."""
-    for value in (s.get("decoder_start_token_id"), getattr(model.config, "decoder_start_token_id", None),
-                  getattr(model.generation_config, "bos_token_id", None)):  # fmt: skip
+    for value in (
+        s.get("decoder_start_token_id"),
+        getattr(model.config, "decoder_start_token_id", None),
+        getattr(model.generation_config, "bos_token_id", None),
+    ):
         value = value[0] if isinstance(value, (list, tuple)) and value else value
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             return np.full((ids.shape[0], 1), int(value), np.int64)
@@ -193,12 +233,23 @@ def decoder_start(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
 
 def check_streamer(streamer: Any) -> None:
     """Reject a streamer without ``put`` and ``end`` before anything runs."""
-    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-        raise TypeError("streamer must have put() and end() methods, like transformers.TextStreamer")
+    if streamer is not None and not (
+        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+    ):
+        raise TypeError(
+            "streamer must have put() and end() methods, like transformers.TextStreamer"
+        )
 
 
-def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1, *,
-                length: int | None = None, left: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def pad_prompts(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    pad_token_id: int,
+    row_multiple: int = 1,
+    *,
+    length: int | None = None,
+    left: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
     """Pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to ``length`` or
     else a power-of-two multiple of :data:`MIN_LENGTH_BUCKET`, on the left (or the right: an encoder's input,
     whose positions count from its first token). Filler rows repeat row 0 and are discarded after."""

@@ -147,7 +147,11 @@ def hfax_shard_weights(model: Any, plan: ShardingPlan, mesh: Any, backend: str) 
 
 @hookspec(firstresult=True)
 def hfax_compile_step(
-    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+    fn: Callable[..., Any],
+    backend: str,
+    name: str,
+    static_argnames: tuple[str, ...],
+    donate_argnames: tuple[str, ...],
 ) -> Callable[..., Any] | None:
     """Turn a pure step function (``prefill``, ``decode``, ``forward``) into a compiled program.
 
@@ -161,6 +165,7 @@ def hfax_compile_step(
             if backend == "jax":
                 return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)
     """
+
 
 #: Marks a plugin's implementation of one of the hooks above.
 hookimpl = pluggy.HookimplMarker("hfax")

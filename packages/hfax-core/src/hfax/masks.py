@@ -53,7 +53,9 @@ def layer_windows(config: Any) -> dict[str, int | None]:
 
 def layer_spans(config: Any) -> dict[str, Span]:
     """The :class:`Span` of each attention layer type the decoder of ``config`` names in ``layer_types``."""
-    config = config.get_text_config(decoder=True)  # a multimodal model's decoder keeps its windows in its text config
+    config = config.get_text_config(
+        decoder=True
+    )  # a multimodal model's decoder keeps its windows in its text config
     window = getattr(config, "sliding_window", None)
     chunk = getattr(config, "attention_chunk_size", None)
     types = set(getattr(config, "layer_types", None) or ())
@@ -81,7 +83,11 @@ def plan(config: Any, module: Any = None) -> MaskPlan:
     what accept a ready 4-D mask.
     """
     spans = tuple(sorted(layer_spans(config).items()))
-    two_d = has_recurrent_layers(config) or _uses_alibi(config, module) or not _uses_masking_utils(module)
+    two_d = (
+        has_recurrent_layers(config)
+        or _uses_alibi(config, module)
+        or not _uses_masking_utils(module)
+    )
     return MaskPlan(spans, two_d=two_d)
 
 
@@ -91,7 +97,11 @@ def has_recurrent_layers(config: Any) -> bool:
 
     try:
         types, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    except (AttributeError, TypeError, ValueError):  # configs without per-layer information: attention only
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+    ):  # configs without per-layer information: attention only
         return False
     return any(kind in RECURRENT_LAYER_TYPES for kind in types)
 
@@ -101,12 +111,19 @@ def _uses_alibi(config: Any, module: Any) -> bool:
     if getattr(config, "alibi", False) or getattr(attn_config, "alibi", False):
         return True
     base = getattr(module, "base_model", module)
-    return base is not None and any(name.startswith("build_") and "alibi" in name for name in dir(type(base)))
+    return base is not None and any(
+        name.startswith("build_") and "alibi" in name for name in dir(type(base))
+    )
 
 
 #: transformers' mask functions (``masking_utils``); each returns a ready 4-D mask as it is.
-_MASK_FUNCTIONS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask",
-                   "create_masks_for_generate", "create_bidirectional_mask")  # fmt: skip
+_MASK_FUNCTIONS = (
+    "create_causal_mask",
+    "create_sliding_window_causal_mask",
+    "create_chunked_causal_mask",
+    "create_masks_for_generate",
+    "create_bidirectional_mask",
+)
 
 
 def _uses_masking_utils(module: Any) -> bool:
@@ -154,7 +171,13 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
             allowed = allowed & (keys > queries - span.window)
         allowed = allowed[None, None] & valid[:, None, None, :]
         if span.chunk is not None:  # by position, which left padding shifts against the slot
-            positions = torch.div(torch.cumsum(valid.long(), dim=1) - 1, span.chunk, rounding_mode="floor")
-            allowed = allowed & (positions[:, None, query_slots, None] == positions[:, None, None, :])
-        masks[kind] = torch.where(allowed, torch.zeros((), dtype=dtype, device=valid.device), blocked)
+            positions = torch.div(
+                torch.cumsum(valid.long(), dim=1) - 1, span.chunk, rounding_mode="floor"
+            )
+            allowed = allowed & (
+                positions[:, None, query_slots, None] == positions[:, None, None, :]
+            )
+        masks[kind] = torch.where(
+            allowed, torch.zeros((), dtype=dtype, device=valid.device), blocked
+        )
     return masks if len(masks) > 1 else next(iter(masks.values()))

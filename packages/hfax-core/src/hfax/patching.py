@@ -31,7 +31,10 @@ def _owned(target: Any, name: str) -> bool:
     if hasattr(getattr(type(target), name, None), "__set__"):
         return True
     # torch.nn.Module keeps submodules, parameters and buffers in registries, not in __dict__.
-    return any(name in (getattr(target, registry, None) or {}) for registry in ("_modules", "_parameters", "_buffers"))
+    return any(
+        name in (getattr(target, registry, None) or {})
+        for registry in ("_modules", "_parameters", "_buffers")
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -83,5 +86,7 @@ def unpatch(model: Any) -> None:
         change = changes.pop()
         if change.owned:
             setattr(change.target, change.name, change.original)
-        elif change.name in getattr(change.target, "_modules", {}) or change.name in vars(change.target):
+        elif change.name in getattr(change.target, "_modules", {}) or change.name in vars(
+            change.target
+        ):
             delattr(change.target, change.name)

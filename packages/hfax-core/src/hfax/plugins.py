@@ -100,7 +100,9 @@ class _Plugins:
         core = PluginInfo("hfax-core", "hfax-core", _version("hfax-core"), "builtin")
         core.backends, core.families = _provides(pm, _builtin)
         infos = [core]
-        taken = {core.name: core.distribution}  # plugin name -> the distribution whose plugin holds it
+        taken = {
+            core.name: core.distribution
+        }  # plugin name -> the distribution whose plugin holds it
         only, blocked = _names("HFAX_PLUGINS"), _names("HFAX_BLOCK_PLUGINS") or set()
         disabled = _flag("HFAX_DISABLE_PLUGINS")
         entry_points = sorted(
@@ -111,7 +113,10 @@ class _Plugins:
             dist = ep.dist.name if ep.dist else "?"
             info = PluginInfo(ep.name, dist, ep.dist.version if ep.dist else "?", "loaded")
             if ep.name in taken:
-                _failed(info, f"entry-point name {ep.name!r} is already taken by distribution {taken[ep.name]!r}")
+                _failed(
+                    info,
+                    f"entry-point name {ep.name!r} is already taken by distribution {taken[ep.name]!r}",
+                )
             elif disabled or (only is not None and ep.name not in only) or ep.name in blocked:
                 info.status = "blocked"
             else:
@@ -185,7 +190,11 @@ def register(plugin: Any, name: str | None = None) -> None:
     pm = get_plugin_manager()
     pm.register(plugin, name=name)
     backends, families = _provides(pm, plugin)
-    _plugins.infos.append(PluginInfo(pm.get_name(plugin) or "?", "(registered in code)", "", "loaded", "", backends, families))
+    _plugins.infos.append(
+        PluginInfo(
+            pm.get_name(plugin) or "?", "(registered in code)", "", "loaded", "", backends, families
+        )
+    )
 
 
 def unregister(name: str) -> None:
@@ -217,7 +226,9 @@ def detect_family(config: Any) -> str:
     pm = get_plugin_manager()
     claims: list[tuple[Claim, str]] = []
     for impl in reversed(pm.hook.hfax_detect_model.get_hookimpls()):
-        answer = impl.function(*[config for _ in impl.argnames])  # an implementation may take no arguments
+        answer = impl.function(
+            *[config for _ in impl.argnames]
+        )  # an implementation may take no arguments
         if answer is None:
             continue
         claim = Claim(answer) if isinstance(answer, str) else answer

@@ -84,7 +84,9 @@ class ShardingPlan:
     units: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def from_tp_styles(cls, styles: Mapping[str, str], prefix: str = "", units: Mapping[str, int] | None = None) -> ShardingPlan:
+    def from_tp_styles(
+        cls, styles: Mapping[str, str], prefix: str = "", units: Mapping[str, int] | None = None
+    ) -> ShardingPlan:
         """Build a plan from a transformers ``tp_plan`` (``{"layers.*.mlp.up_proj": "colwise", ...}``).
 
         ``prefix`` is where the plan's module paths start inside the full model (``"model."`` for the base
@@ -146,7 +148,18 @@ class DeviceMemoryError(MemoryError):
     """A model's weights, placed by its sharding plan, would not fit a device."""
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -220,11 +233,13 @@ class Layout:
         """Raise :class:`DeviceMemoryError`, with the ways out, when the weights do not fit a device."""
         if self.device_memory is None or self.bytes_per_device <= self.device_memory:
             return
-        devices = 1 << (-(-self.bytes // self.device_memory) - 1).bit_length()  # a power of two, as meshes are
+        devices = (
+            1 << (-(-self.bytes // self.device_memory) - 1).bit_length()
+        )  # a power of two, as meshes are
         raise DeviceMemoryError(
             f"the weights need {_human(self.bytes_per_device)} per device on mesh {self.mesh_name()}, but a device holds "
             f"{_human(self.device_memory)} ({self.memory_source}). Split them over more devices (at least {devices}, e.g. "
-            f"mesh=hfax.make_mesh(fsdp={devices})), or load a smaller dtype (dtype=\"bfloat16\"); if the device limit "
+            f'mesh=hfax.make_mesh(fsdp={devices})), or load a smaller dtype (dtype="bfloat16"); if the device limit '
             "is wrong, set HFAX_DEVICE_MEMORY (e.g. 16GB)."
         )
 
@@ -232,9 +247,20 @@ class Layout:
         rows = [("tensor", "shape", "dtype", "spec", "per device")]
         for p in self.placements:
             spec = "(" + ", ".join(axis or "-" for axis in p.spec) + ")"
-            rows.append((p.name, "x".join(map(str, p.shape)) or "scalar", p.dtype, spec, _human(p.bytes_per_device)))
+            rows.append(
+                (
+                    p.name,
+                    "x".join(map(str, p.shape)) or "scalar",
+                    p.dtype,
+                    spec,
+                    _human(p.bytes_per_device),
+                )
+            )
         widths = [max(len(row[column]) for row in rows) for column in range(4)]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4] for row in rows]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4]
+            for row in rows
+        ]
         return "\n".join([*lines, self.summary()])
 
 

@@ -37,7 +37,11 @@ def distinct_tensors(model: Any) -> dict[str, Any]:
 
 
 def plan_layout(
-    model: Any, plan: ShardingPlan, sizes: Mapping[str, int], device_memory: int | None = None, memory_source: str = ""
+    model: Any,
+    plan: ShardingPlan,
+    sizes: Mapping[str, int],
+    device_memory: int | None = None,
+    memory_source: str = "",
 ) -> Layout:
     """The layout ``model``'s tensors (real or on torch's ``meta`` device) get on a mesh of axis ``sizes``
     (empty: one device) from a backend that places each weight by ``plan.spec_on``."""
@@ -49,5 +53,9 @@ def plan_layout(
         split = 1
         for axis in spec:
             split *= sizes[axis] if axis is not None else 1
-        placements.append(Placement(name, shape, str(tensor.dtype).removeprefix("torch."), spec, whole, whole // split))
+        placements.append(
+            Placement(
+                name, shape, str(tensor.dtype).removeprefix("torch."), spec, whole, whole // split
+            )
+        )
     return Layout(tuple(sizes.items()), tuple(placements), device_memory, memory_source)

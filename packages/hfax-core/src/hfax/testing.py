@@ -44,7 +44,9 @@ def write_distribution(
     directory = Path(directory)
     dist_info = directory / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
     dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
     lines = [f"{plugin} = {target}" for plugin, target in entry_points.items()]
     (dist_info / "entry_points.txt").write_text("[hfax]\n" + "\n".join(lines) + "\n")
     for module, source in (modules or {}).items():
@@ -92,36 +94,78 @@ def tiny_config(name: str) -> Any:
 
     if name == "llama":
         return transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, max_position_embeddings=256, **TINY_SPECIAL,
-        )  # fmt: skip
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=256,
+            **TINY_SPECIAL,
+        )
     if name == "gemma":
         return transformers.GemmaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-            head_dim=16, vocab_size=128, max_position_embeddings=256, **TINY_SPECIAL,
-        )  # fmt: skip
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            vocab_size=128,
+            max_position_embeddings=256,
+            **TINY_SPECIAL,
+        )
     if name == "mistral":  # a sliding window shorter than the prompts the tests use
         return transformers.MistralConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
-        )  # fmt: skip
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=256,
+            sliding_window=5,
+            **TINY_SPECIAL,
+        )
     if name == "gemma2":  # hybrid: sliding and full attention layers alternate
         return transformers.Gemma2Config(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=128, max_position_embeddings=256, sliding_window=5, **TINY_SPECIAL,
-        )  # fmt: skip
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=128,
+            max_position_embeddings=256,
+            sliding_window=5,
+            **TINY_SPECIAL,
+        )
     if name == "gpt2":
-        return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL)
+        return transformers.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL
+        )
     if name == "mamba":
         return transformers.MambaConfig(
-            hidden_size=64, state_size=8, num_hidden_layers=2, vocab_size=128, conv_kernel=4, **TINY_SPECIAL,
-        )  # fmt: skip
+            hidden_size=64,
+            state_size=8,
+            num_hidden_layers=2,
+            vocab_size=128,
+            conv_kernel=4,
+            **TINY_SPECIAL,
+        )
     if name == "bert":
         return transformers.BertConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
-            max_position_embeddings=128, num_labels=3,
-        )  # fmt: skip
-    raise ValueError(f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gpt2 and bert")
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=128,
+            max_position_embeddings=128,
+            num_labels=3,
+        )
+    raise ValueError(
+        f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gpt2 and bert"
+    )
 
 
 def as_numpy(value: Any) -> np.ndarray:
@@ -131,8 +175,13 @@ def as_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelForCausalLM", seed: int = 0,
-              spread: bool = False) -> Any:  # fmt: skip
+def save_tiny(
+    config: Any,
+    directory: str | Path,
+    auto_class: str = "AutoModelForCausalLM",
+    seed: int = 0,
+    spread: bool = False,
+) -> Any:
     """Build ``auto_class`` from ``config`` with seeded random weights, save it to ``directory`` and return the
     reference model loaded back from there (float32, eval mode). ``spread`` draws the weights with
     :func:`spread_weights` instead of transformers' initializers."""
@@ -148,7 +197,9 @@ def save_tiny(config: Any, directory: str | Path, auto_class: str = "AutoModelFo
     return cls.from_pretrained(directory).eval()
 
 
-def tiny_models(make_dir: Callable[[str], Any], backend: str) -> Callable[..., tuple[Path, Any, Any]]:
+def tiny_models(
+    make_dir: Callable[[str], Any], backend: str
+) -> Callable[..., tuple[Path, Any, Any]]:
     """``build(name, auto_class="AutoModelForCausalLM")`` -> ``(checkpoint dir, PyTorch reference, hfax model on
     backend)`` for the tiny config ``name``, each built once. ``make_dir(basename)`` makes a fresh folder
     (pytest's ``tmp_path_factory.mktemp``); use it from a session-scoped fixture. Unless ``HFAX_CACHE`` is set,
@@ -212,7 +263,9 @@ def reference_forward(model: Any, **inputs: Any) -> Any:
         return model(**{name: torch.as_tensor(value) for name, value in inputs.items()})
 
 
-def reference_generate(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **options: Any) -> np.ndarray:
+def reference_generate(
+    model: Any, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **options: Any
+) -> np.ndarray:
     """transformers' own ``generate`` on PyTorch/CPU (greedy unless told otherwise), as numpy."""
     import torch
 
@@ -228,29 +281,47 @@ def assert_same_continuation(expected: np.ndarray, actual: Any, pad_token_id: in
     actual = as_numpy(actual)
     width = expected.shape[1]
     np.testing.assert_array_equal(actual[:, :width], expected)
-    assert (actual[:, width:] == pad_token_id).all(), f"tokens after transformers stopped are not padding: {actual[:, width:]}"
+    assert (actual[:, width:] == pad_token_id).all(), (
+        f"tokens after transformers stopped are not padding: {actual[:, width:]}"
+    )
 
 
-def assert_same_greedy(model: Any, reference: Any, prompt: list[int], max_new_tokens: int) -> np.ndarray:
+def assert_same_greedy(
+    model: Any, reference: Any, prompt: list[int], max_new_tokens: int
+) -> np.ndarray:
     """hfax's greedy ``generate`` gives exactly transformers' tokens for ``prompt``, every one of the
     ``max_new_tokens`` (EOS stops neither side). Returns them."""
     ids = np.asarray([prompt], np.int64)
     options = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
     expected = reference_generate(reference, ids, **options)
-    np.testing.assert_array_equal(as_numpy(model.generate(ids, **options)), expected, err_msg="greedy tokens differ from PyTorch")
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, **options)),
+        expected,
+        err_msg="greedy tokens differ from PyTorch",
+    )
     return expected
 
 
-def assert_same_logits(model: Any, reference: Any, prompts: list[list[int]], atol: float = 1e-4) -> np.ndarray:
+def assert_same_logits(
+    model: Any, reference: Any, prompts: list[list[int]], atol: float = 1e-4
+) -> np.ndarray:
     """A forward over ``prompts`` as one left-padded batch: logits finite everywhere, and within ``atol`` of
     transformers' on PyTorch at every real (not padding) position. Returns hfax's logits."""
     import torch
 
     ids, mask = left_padded(prompts)
     with torch.no_grad():
-        expected = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.float().numpy()
+        expected = (
+            reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
+            .logits.float()
+            .numpy()
+        )
     actual = as_numpy(model(input_ids=ids, attention_mask=mask).logits).astype(np.float32)
-    assert np.isfinite(actual).all(), f"non-finite logits at (row, position) {np.argwhere(~np.isfinite(actual).all(-1)).tolist()}"
+    assert np.isfinite(actual).all(), (
+        f"non-finite logits at (row, position) {np.argwhere(~np.isfinite(actual).all(-1)).tolist()}"
+    )
     real = mask.astype(bool)
-    np.testing.assert_allclose(actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch")
+    np.testing.assert_allclose(
+        actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch"
+    )
     return actual

@@ -30,14 +30,18 @@ from hfax.backends.jax.runtime import torchax
 NAME = "hfax_jax"
 
 
-def _attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, **options: Any) -> jax.Array:
+def _attend(
+    query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None, **options: Any
+) -> jax.Array:
     """``query [B, N, T, H]`` and ``key``/``value`` ``[B, K, S, H]`` (transformers' layout) -> ``[B, T, N, H]``."""
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # jax's layout: [B, T, heads, H]
     if mask is None:
         return jax.nn.dot_product_attention(q, k, v, **options)
     if mask.dtype == jnp.bool_:
         mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
-    return jax.nn.dot_product_attention(q, k, v, bias=mask.astype(jnp.float32), scale=options["scale"])
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=mask.astype(jnp.float32), scale=options["scale"]
+    )
 
 
 def attention_forward(
@@ -58,19 +62,30 @@ def attention_forward(
     ``sliding_window`` are applied here, as ``sdpa`` would.
     """
     if dropout:
-        raise ValueError(f"hfax_jax attention runs inference only, got dropout={dropout}; call model.eval() first")
+        raise ValueError(
+            f"hfax_jax attention runs inference only, got dropout={dropout}; call model.eval() first"
+        )
     if kwargs.get("softcap") is not None:
-        raise ValueError("hfax_jax attention has no logit soft-capping; keep this model on eager attention")
+        raise ValueError(
+            "hfax_jax attention has no logit soft-capping; keep this model on eager attention"
+        )
     options: dict[str, Any] = {"scale": scaling if scaling is not None else query.shape[-1] ** -0.5}
     around_write = cache.attention(query, key, value, attention_mask, options["scale"])
     if around_write is not None:
         return around_write.transpose(1, 2), None
     if attention_mask is None:
-        causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and query.shape[2] > 1
+        causal = (
+            is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        ) and query.shape[2] > 1
         options["is_causal"] = causal
         if causal and sliding_window:
-            options["local_window_size"] = (sliding_window - 1, 0)  # transformers' window counts the query itself
-    output = torchax.interop.call_jax(lambda q, k, v, m: _attend(q, k, v, m, **options), query, key, value, attention_mask)
+            options["local_window_size"] = (
+                sliding_window - 1,
+                0,
+            )  # transformers' window counts the query itself
+    output = torchax.interop.call_jax(
+        lambda q, k, v, m: _attend(q, k, v, m, **options), query, key, value, attention_mask
+    )
     return output, None
 
 
@@ -95,7 +110,9 @@ def switch(model: torch.nn.Module, patcher: Any) -> None:
     sinks or position biases): a family plugin vouches for that with a parity test. Recorded by
     ``patcher``, undone by ``hfax.unpatch``.
     """
-    config = model.config.get_text_config()  # the decoder's (Gemma 3's text_config in a multimodal model)
+    config = (
+        model.config.get_text_config()
+    )  # the decoder's (Gemma 3's text_config in a multimodal model)
     if config._attn_implementation != "sdpa":
         return
     register()

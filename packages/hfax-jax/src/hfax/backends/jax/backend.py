@@ -36,7 +36,9 @@ class JaxBackend:
     def devices(self) -> list[str]:
         return [f"{device.platform}:{device.id}" for device in jax.devices()]
 
-    def build(self, model: Any, *, params: dict[str, jax.Array], family: str, plan: Any, mesh: Any) -> JaxModel:
+    def build(
+        self, model: Any, *, params: dict[str, jax.Array], family: str, plan: Any, mesh: Any
+    ) -> JaxModel:
         from hfax.plugins import get_plugin_manager
 
         hook = get_plugin_manager().hook
@@ -44,4 +46,6 @@ class JaxBackend:
         def compile_step(fn: Any, **options: Any) -> Any:
             return hook.hfax_compile_step(fn=fn, backend=self.name, **options)
 
-        return JaxModel(model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step)
+        return JaxModel(
+            model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step
+        )

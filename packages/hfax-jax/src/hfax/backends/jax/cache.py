@@ -72,14 +72,18 @@ class SlotLayer(CacheLayerMixin):
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, cache: SlotCache, keys: Any = None, values: Any = None, is_sliding: bool = False) -> None:
+    def __init__(
+        self, cache: SlotCache, keys: Any = None, values: Any = None, is_sliding: bool = False
+    ) -> None:
         super().__init__()
         self.cache = cache
         self.is_sliding = is_sliding
         self.keys, self.values = keys, values  # as they were before this step's write
         self.is_initialized = keys is not None
         self.fresh = False
-        self.states: tuple[Any, Any] | None = None  # this step's keys and values, written by `written`
+        self.states: tuple[Any, Any] | None = (
+            None  # this step's keys and values, written by `written`
+        )
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, length = *key_states.shape[:2], self.cache.length
@@ -89,7 +93,9 @@ class SlotLayer(CacheLayerMixin):
         self.values = torch.zeros((batch, heads, length, value_states.shape[-1]), **options)
         self.is_initialized = self.fresh = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Any, Any]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.states = (key_states, value_states)
@@ -99,7 +105,9 @@ class SlotLayer(CacheLayerMixin):
             self.keys, self.values, self.states = keys, values, None
             return keys, values
         return (
-            _tagged(keys.transpose(2, 3), Written(None if self.fresh else self.keys, key_states, slot)),
+            _tagged(
+                keys.transpose(2, 3), Written(None if self.fresh else self.keys, key_states, slot)
+            ),
             _tagged(values, Written(None if self.fresh else self.values, value_states, slot)),
         )
 
@@ -113,7 +121,6 @@ class SlotLayer(CacheLayerMixin):
         else:
             keys = _write(self.keys, key_states, slot, axis=2)
         return keys, _write(self.values, value_states, slot, axis=2)
-
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cache.length, 0
@@ -136,15 +143,21 @@ class SlotIndexedLayer(SlotLayer):
     """An attention layer of a sparse-attention model (DeepSeek V3.2, GLM DSA): it also keeps its indexer's
     keys, ``[batch, length, index_head_dim]``, written at the same slot."""
 
-    def __init__(self, cache: SlotCache, keys: Any = None, values: Any = None, indexer_keys: Any = None) -> None:
+    def __init__(
+        self, cache: SlotCache, keys: Any = None, values: Any = None, indexer_keys: Any = None
+    ) -> None:
         super().__init__(cache, keys, values)
         self.indexer_keys = indexer_keys
 
     def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
         if self.indexer_keys is None:
             shape = (indexer_key_states.shape[0], self.cache.length, indexer_key_states.shape[-1])
-            self.indexer_keys = torch.zeros(shape, dtype=indexer_key_states.dtype, device=indexer_key_states.device)
-        self.indexer_keys = _write(self.indexer_keys, indexer_key_states, self.cache.write_slot, axis=1)
+            self.indexer_keys = torch.zeros(
+                shape, dtype=indexer_key_states.dtype, device=indexer_key_states.device
+            )
+        self.indexer_keys = _write(
+            self.indexer_keys, indexer_key_states, self.cache.write_slot, axis=1
+        )
         return self.indexer_keys
 
     def state(self, slot: Any = None) -> dict[str, Any]:
@@ -167,21 +180,38 @@ class SlotLinearLayer(LinearAttentionLayer):
                 getattr(self, f"is_{kind}_states_initialized")[index] = True
                 self.has_previous_state[index] = True
 
-    def lazy_initialization(self, conv_states: Any = None, recurrent_states: Any = None, state_idx: int = 0,
-                            conv_kernel_size: int | None = None) -> None:  # fmt: skip
+    def lazy_initialization(
+        self,
+        conv_states: Any = None,
+        recurrent_states: Any = None,
+        state_idx: int = 0,
+        conv_kernel_size: int | None = None,
+    ) -> None:
         # transformers' version marks static addresses for CUDA graphs, which torchax tensors do not have.
         if conv_states is not None:
-            self.conv_kernel_size[state_idx] = conv_states.shape[-1] if conv_kernel_size is None else conv_kernel_size
+            self.conv_kernel_size[state_idx] = (
+                conv_states.shape[-1] if conv_kernel_size is None else conv_kernel_size
+            )
             shape = (*conv_states.shape[:-1], self.conv_kernel_size[state_idx])
-            self.conv_states[state_idx] = torch.zeros(shape, dtype=conv_states.dtype, device=conv_states.device)
+            self.conv_states[state_idx] = torch.zeros(
+                shape, dtype=conv_states.dtype, device=conv_states.device
+            )
             self.is_conv_states_initialized[state_idx] = True
         if recurrent_states is not None:
             self.recurrent_states[state_idx] = torch.zeros_like(recurrent_states)
             self.is_recurrent_states_initialized[state_idx] = True
 
-    def update_conv_state(self, conv_states: Any, state_idx: int = 0, conv_kernel_size: int | None = None, **kwargs: Any) -> Any:
+    def update_conv_state(
+        self,
+        conv_states: Any,
+        state_idx: int = 0,
+        conv_kernel_size: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
         if not self.is_conv_states_initialized[state_idx]:
-            self.lazy_initialization(conv_states=conv_states, state_idx=state_idx, conv_kernel_size=conv_kernel_size)
+            self.lazy_initialization(
+                conv_states=conv_states, state_idx=state_idx, conv_kernel_size=conv_kernel_size
+            )
         if self.conv_kernel_size[state_idx] is None:
             self.conv_kernel_size[state_idx] = self.conv_states[state_idx].shape[-1]
         if not self.has_previous_state[state_idx]:
@@ -195,7 +225,9 @@ class SlotLinearLayer(LinearAttentionLayer):
         self.conv_states[state_idx] = full[..., -self.conv_kernel_size[state_idx] :]
         return full
 
-    def update_recurrent_state(self, recurrent_states: Any, state_idx: int = 0, **kwargs: Any) -> Any:
+    def update_recurrent_state(
+        self, recurrent_states: Any, state_idx: int = 0, **kwargs: Any
+    ) -> Any:
         if not self.is_recurrent_states_initialized[state_idx]:
             self.lazy_initialization(recurrent_states=recurrent_states, state_idx=state_idx)
         self.recurrent_states[state_idx] = recurrent_states
@@ -203,7 +235,11 @@ class SlotLinearLayer(LinearAttentionLayer):
 
     def state(self, slot: Any = None) -> dict[str, Any]:
         return {
-            kind: {i: s for i, s in getattr(self, f"{kind}_states").items() if getattr(self, f"is_{kind}_states_initialized")[i]}
+            kind: {
+                i: s
+                for i, s in getattr(self, f"{kind}_states").items()
+                if getattr(self, f"is_{kind}_states_initialized")[i]
+            }
             for kind in ("conv", "recurrent")
         }
 
@@ -211,10 +247,17 @@ class SlotLinearLayer(LinearAttentionLayer):
 class SlotHybridLayer(SlotLinearLayer, SlotLayer):
     """A layer with both attention (slot buffers) and linear-attention states."""
 
-    def __init__(self, cache: SlotCache, number_of_states: int = 1, state: dict[str, Any] | None = None,
-                 is_sliding: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cache: SlotCache,
+        number_of_states: int = 1,
+        state: dict[str, Any] | None = None,
+        is_sliding: bool = False,
+    ) -> None:
         state = dict(state or {})
-        SlotLayer.__init__(self, cache, state.pop("keys", None), state.pop("values", None), is_sliding)
+        SlotLayer.__init__(
+            self, cache, state.pop("keys", None), state.pop("values", None), is_sliding
+        )
         SlotLinearLayer.__init__(self, number_of_states, state)
 
     def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
@@ -230,7 +273,10 @@ class SlotHybridLayer(SlotLinearLayer, SlotLayer):
 def _write(buffer: torch.Tensor, states: torch.Tensor, slot: Any, axis: int = 2) -> torch.Tensor:
     """``buffer[:, :, slot:slot + n] = states`` (along ``axis``) as one in-place-able XLA update (no scatter)."""
     return torchax.interop.call_jax(
-        lambda b, s, i: jax.lax.dynamic_update_slice_in_dim(b, s.astype(b.dtype), i, axis=axis), buffer, states, slot
+        lambda b, s, i: jax.lax.dynamic_update_slice_in_dim(b, s.astype(b.dtype), i, axis=axis),
+        buffer,
+        states,
+        slot,
     )
 
 
@@ -250,7 +296,10 @@ def layer_types(config: Any) -> tuple[tuple[str, int], ...] | None:
         types, kwargs = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     except Exception:  # noqa: BLE001 - configs without per-layer information
         return None
-    return tuple((kind, options.get("number_of_states", 1)) for kind, options in zip(types, kwargs)) or None
+    return (
+        tuple((kind, options.get("number_of_states", 1)) for kind, options in zip(types, kwargs))
+        or None
+    )
 
 
 class SlotCache(Cache):
@@ -267,9 +316,15 @@ class SlotCache(Cache):
     ``dtype`` is the new buffers' type (``None``: the keys' and values' own; see :func:`buffer_dtype`).
     """
 
-    def __init__(self, length: int, write_slot: Any, types: tuple[tuple[str, int], ...] | None = None,
-                 states: list[dict[str, Any]] | None = None, in_place: bool = False,
-                 dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        length: int,
+        write_slot: Any,
+        types: tuple[tuple[str, int], ...] | None = None,
+        states: list[dict[str, Any]] | None = None,
+        in_place: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.length = length
         self.write_slot = write_slot
         self.in_place = in_place
@@ -278,7 +333,9 @@ class SlotCache(Cache):
             if states is None:
                 super().__init__(layer_class_to_replicate=lambda: SlotLayer(self))
             else:
-                super().__init__(layers=[SlotLayer(self, s.get("keys"), s.get("values")) for s in states])
+                super().__init__(
+                    layers=[SlotLayer(self, s.get("keys"), s.get("values")) for s in states]
+                )
             return
         states = states if states is not None else [{}] * len(types)
         layers = [self._layer(kind, state, count) for (kind, count), state in zip(types, states)]
@@ -286,9 +343,13 @@ class SlotCache(Cache):
 
     def _layer(self, kind: str, state: dict[str, Any], number_of_states: int) -> Any:
         if kind in ATTENTION_TYPES:
-            return SlotLayer(self, state.get("keys"), state.get("values"), is_sliding=ATTENTION_TYPES[kind])
+            return SlotLayer(
+                self, state.get("keys"), state.get("values"), is_sliding=ATTENTION_TYPES[kind]
+            )
         if kind in INDEXED_TYPES:
-            return SlotIndexedLayer(self, state.get("keys"), state.get("values"), state.get("indexer_keys"))
+            return SlotIndexedLayer(
+                self, state.get("keys"), state.get("values"), state.get("indexer_keys")
+            )
         if kind in LINEAR_TYPES:
             return SlotLinearLayer(number_of_states, state)
         if kind in HYBRID_TYPES:
@@ -341,7 +402,11 @@ def buffer_dtype(model_dtype: Any, platform: str) -> torch.dtype | None:
     whole cache, every step: reading 2 bytes, writing 4 and reading them again per element, where a
     float32 cache is read once at 4. The values stored are the model's 16-bit ones, exactly.
     """
-    if platform == "cpu" and jnp.issubdtype(model_dtype, jnp.floating) and jnp.finfo(model_dtype).bits < 32:
+    if (
+        platform == "cpu"
+        and jnp.issubdtype(model_dtype, jnp.floating)
+        and jnp.finfo(model_dtype).bits < 32
+    ):
         return torch.float32
     return None
 
@@ -356,16 +421,22 @@ def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
     return jnp.minimum(index, index + jnp.isnan(value).any().astype(index.dtype))
 
 
-def attention(query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float) -> torch.Tensor | None:
+def attention(
+    query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float
+) -> torch.Tensor | None:
     """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
     is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
     keys, values = written(key), written(value)
     if keys is None or values is None or mask is None:
         return None
-    return torchax.interop.call_jax(functools.partial(attend, scale=scale), query, keys, values, mask)
+    return torchax.interop.call_jax(
+        functools.partial(attend, scale=scale), query, keys, values, mask
+    )
 
 
-def attend(query: jax.Array, keys: Written, values: Written, mask: jax.Array, scale: float) -> jax.Array:
+def attend(
+    query: jax.Array, keys: Written, values: Written, mask: jax.Array, scale: float
+) -> jax.Array:
     """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
 
     ``query`` is ``[batch, heads, q, head_dim]`` (a multiple of the key/value heads, grouped as transformers'
@@ -381,16 +452,32 @@ def attend(query: jax.Array, keys: Written, values: Written, mask: jax.Array, sc
     q = query.reshape(batch, kv_heads, groups * length_q, dim)
     if mask.dtype == jnp.bool_:
         mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
-    mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(batch, kv_heads, groups * length_q, -1)
-    scores = [jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
-              + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)]  # fmt: skip
+    mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(
+        batch, kv_heads, groups * length_q, -1
+    )
+    scores = [
+        jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
+        + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)
+    ]
     if keys.before is not None:
         slots = jnp.arange(mask.shape[-1])
-        stale = (slots >= slot) & (slots < slot + written)  # what the buffers held there is being replaced
-        old = jnp.einsum("bkqd,bkdl->bkql", q, keys.before, preferred_element_type=jnp.float32) * scale
+        stale = (slots >= slot) & (
+            slots < slot + written
+        )  # what the buffers held there is being replaced
+        old = (
+            jnp.einsum("bkqd,bkdl->bkql", q, keys.before, preferred_element_type=jnp.float32)
+            * scale
+        )
         scores.insert(0, jnp.where(stale, jnp.finfo(jnp.float32).min, old + mask))
     weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(new_values.dtype)
-    output = jnp.einsum("bkqn,bknd->bkqd", weights[..., -written:], new_values, preferred_element_type=jnp.float32)
+    output = jnp.einsum(
+        "bkqn,bknd->bkqd", weights[..., -written:], new_values, preferred_element_type=jnp.float32
+    )
     if values.before is not None:
-        output += jnp.einsum("bkql,bkld->bkqd", weights[..., :-written], values.before, preferred_element_type=jnp.float32)
+        output += jnp.einsum(
+            "bkql,bkld->bkqd",
+            weights[..., :-written],
+            values.before,
+            preferred_element_type=jnp.float32,
+        )
     return output.astype(query.dtype).reshape(batch, heads, length_q, dim)

@@ -31,12 +31,25 @@ from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import (
-    MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, decoder_start, is_encoder_decoder,
-    pad_prompts, resolve,
-)  # fmt: skip
+    MIN_LENGTH_BUCKET,
+    STREAM_CHUNK,
+    GenerateStats,
+    accepts,
+    bucket,
+    check_streamer,
+    decoder_start,
+    is_encoder_decoder,
+    pad_prompts,
+    resolve,
+)
 
 #: The settings of ``hfax.generation.OPTIONAL`` this backend implements.
-OPTIONAL = ("forced_eos_token_id", "forced_bos_token_id", "decoder_start_token_id", "begin_suppress_tokens")
+OPTIONAL = (
+    "forced_eos_token_id",
+    "forced_bos_token_id",
+    "decoder_start_token_id",
+    "begin_suppress_tokens",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +72,21 @@ class Static:
         return self.layer_types is None or bool(kinds - slot_cache.LINEAR_TYPES)
 
 
-def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positions: Any, valid: Any, query_slots: Any,
-          slot: Any, source: Any = None, at: Any = None, masked: bool = True, transposed: frozenset[str] = frozenset()) -> Any:  # fmt: skip
+def _step(
+    model: Any,
+    static: Static,
+    params: Any,
+    states: Any,
+    ids: Any,
+    positions: Any,
+    valid: Any,
+    query_slots: Any,
+    slot: Any,
+    source: Any = None,
+    at: Any = None,
+    masked: bool = True,
+    transposed: frozenset[str] = frozenset(),
+) -> Any:
     """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
 
     ``valid`` (``[batch, slots]``, bool) says which slots hold real tokens; the attention mask comes from it
@@ -77,21 +103,44 @@ def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positi
         (params, ids, positions, valid, query_slots, slot, states, source)
     )
     with env(), lowerings.row_products(_loop_reads_16_bits(model)):
-        tparams = {name: value.T if name in transposed else value for name, value in tparams.items()}
-        tmask = masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype) if masked else None
+        tparams = {
+            name: value.T if name in transposed else value for name, value in tparams.items()
+        }
+        tmask = (
+            masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype)
+            if masked
+            else None
+        )
         if static.encoder_decoder:
-            if "encoded" not in tsource:  # the first step: the encoder runs alone, as in transformers' generate
+            if (
+                "encoded" not in tsource
+            ):  # the first step: the encoder runs alone, as in transformers' generate
                 encoder = _Encoder(model.module)
-                encoded = torch.func.functional_call(encoder, _prefixed(tparams), (tsource["ids"], tsource["mask"]), tie_weights=True, strict=False)
+                encoded = torch.func.functional_call(
+                    encoder,
+                    _prefixed(tparams),
+                    (tsource["ids"], tsource["mask"]),
+                    tie_weights=True,
+                    strict=False,
+                )
                 tsource = {"encoded": encoded, "mask": tsource["mask"]}
             cache = _encoder_decoder_cache(length, tslot, tstates, tsource)
-            kwargs: dict[str, Any] = dict(decoder_input_ids=tids, decoder_attention_mask=tmask, attention_mask=tsource["mask"])
+            kwargs: dict[str, Any] = dict(
+                decoder_input_ids=tids, decoder_attention_mask=tmask, attention_mask=tsource["mask"]
+            )
             kwargs["encoder_outputs"] = tsource["encoded"]
         else:
             cache = None
             if static.cache_argument:
                 dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
-                cache = slot_cache.SlotCache(length, tslot, static.layer_types, tstates, in_place=_in_place(model, static), dtype=dtype)
+                cache = slot_cache.SlotCache(
+                    length,
+                    tslot,
+                    static.layer_types,
+                    tstates,
+                    in_place=_in_place(model, static),
+                    dtype=dtype,
+                )
             kwargs = dict(input_ids=tids, attention_mask=tmask)
         if cache is not None:
             kwargs.update({static.cache_argument: cache, "use_cache": True})
@@ -99,18 +148,28 @@ def _step(model: Any, static: Static, params: Any, states: Any, ids: Any, positi
             kwargs["position_ids"] = tpositions
         if static.logits_to_keep and cache is not None:
             kwargs["logits_to_keep"] = 1
-        output = torch.func.functional_call(model.module, tparams, (), kwargs, tie_weights=True, strict=False)
+        output = torch.func.functional_call(
+            model.module, tparams, (), kwargs, tie_weights=True, strict=False
+        )
         logits = output.logits if at is not None else output.logits[:, -1, :]
         if static.encoder_decoder:
-            new_states = {"self": cache.self_attention_cache.states(), "cross": cache.cross_attention_cache.states()}
+            new_states = {
+                "self": cache.self_attention_cache.states(),
+                "cross": cache.cross_attention_cache.states(),
+            }
             hidden = tsource["encoded"]
             pytrees.register(type(hidden))  # carried from step to step by the decode loop
         else:
-            new_states, hidden = (cache.states(after=output.logits) if cache is not None else []), None
+            new_states, hidden = (
+                (cache.states(after=output.logits) if cache is not None else []),
+                None,
+            )
         logits, new_states, hidden = to_array((logits, new_states, hidden))
     if at is not None:
         logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
-    if model.mesh is not None:  # heads over `model`, rows over the batch axes, in prefill and every decode step
+    if (
+        model.mesh is not None
+    ):  # heads over `model`, rows over the batch axes, in prefill and every decode step
         new_states = mesh.constrain(new_states, functools.partial(_state_sharding, model.mesh))
     return logits.astype(jnp.float32), new_states, hidden
 
@@ -125,7 +184,10 @@ def _loop_reads_16_bits(model: Any) -> bool:
     """
     dtype = model.dtype
     return (
-        model.platform == "cpu" and model.mesh is None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits == 16
+        model.platform == "cpu"
+        and model.mesh is None
+        and jnp.issubdtype(dtype, jnp.floating)
+        and jnp.finfo(dtype).bits == 16
     )
 
 
@@ -152,11 +214,15 @@ def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]
         return frozenset()
     if rows < (8 if _loop_reads_16_bits(model) else 2):
         return frozenset()
-    uses = collections.Counter(id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False))
+    uses = collections.Counter(
+        id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False)
+    )
     return frozenset(
         f"{prefix}.weight"
         for prefix, module in model.module.named_modules()
-        if isinstance(module, torch.nn.Linear) and f"{prefix}.weight" in model.params and uses[id(module.weight)] == 1
+        if isinstance(module, torch.nn.Linear)
+        and f"{prefix}.weight" in model.params
+        and uses[id(module.weight)] == 1
     )
 
 
@@ -164,7 +230,11 @@ def _in_place(model: Any, static: Static) -> bool:
     """Whether the slot cache updates in place (``cache.SlotCache``): a decoder-only model whose layers are all
     attention, on one device."""
     kinds = {kind for kind, _ in static.layer_types or ()}
-    return model.mesh is None and not static.encoder_decoder and kinds <= set(slot_cache.ATTENTION_TYPES)
+    return (
+        model.mesh is None
+        and not static.encoder_decoder
+        and kinds <= set(slot_cache.ATTENTION_TYPES)
+    )
 
 
 class _Encoder(torch.nn.Module):
@@ -189,7 +259,9 @@ def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str
 
     source_length = source["mask"].shape[1]
     if states is None:
-        return EncoderDecoderCache(slot_cache.SlotCache(length, slot), slot_cache.SlotCache(source_length, 0))
+        return EncoderDecoderCache(
+            slot_cache.SlotCache(length, slot), slot_cache.SlotCache(source_length, 0)
+        )
     cache = EncoderDecoderCache(
         slot_cache.SlotCache(length, slot, states=states["self"]),
         slot_cache.SlotCache(source_length, 0, states=states["cross"]),
@@ -200,10 +272,20 @@ def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str
 
 def _state_sharding(device_mesh: Any, shape: tuple[int, ...]) -> Any:
     """Key and value buffers split over rows and heads; other layer states (conv, recurrent) over rows."""
-    return mesh.cache_sharding(device_mesh, shape) if len(shape) == 4 else mesh.batch_sharding(device_mesh, shape)
+    return (
+        mesh.cache_sharding(device_mesh, shape)
+        if len(shape) == 4
+        else mesh.batch_sharding(device_mesh, shape)
+    )
 
 
-def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.Array, options: dict[str, Any]) -> tuple[Any, Any]:
+def _choose(
+    static: Static,
+    logits: jax.Array,
+    index: jax.Array,
+    finished: jax.Array,
+    options: dict[str, Any],
+) -> tuple[Any, Any]:
     """Pick new token ``index`` of every row, in transformers' order: min-length, suppressed first tokens, forced
     BOS and EOS, then temperature, top-k, top-p."""
     vocab = logits.shape[-1]
@@ -213,31 +295,52 @@ def _choose(static: Static, logits: jax.Array, index: jax.Array, finished: jax.A
     logits = jnp.where(suppressed[None], -jnp.inf, logits)
     # forced_bos_token_id (encoder-decoders): the token after the decoder's start token.
     forced = (index == 0) & (options["forced_bos"] >= 0)
-    logits = jnp.where(forced, jnp.where(jnp.arange(vocab) == options["forced_bos"], 0.0, -jnp.inf)[None], logits)
+    logits = jnp.where(
+        forced, jnp.where(jnp.arange(vocab) == options["forced_bos"], 0.0, -jnp.inf)[None], logits
+    )
     # forced_eos_token_id: the last token transformers lets a sequence have is EOS.
     forced = (index == options["max_new"] - 1) & (options["forced_eos"] >= 0)
-    logits = jnp.where(forced, jnp.where(jnp.arange(vocab) == options["forced_eos"], 0.0, -jnp.inf)[None], logits)
+    logits = jnp.where(
+        forced, jnp.where(jnp.arange(vocab) == options["forced_eos"], 0.0, -jnp.inf)[None], logits
+    )
     if static.do_sample:
         logits = logits / options["temperature"]
         ascending = jnp.sort(logits, axis=-1)
         k = jnp.clip(options["top_k"], 1, vocab)
-        kth = jnp.take_along_axis(ascending, jnp.broadcast_to(vocab - k, (logits.shape[0], 1)), axis=-1)
+        kth = jnp.take_along_axis(
+            ascending, jnp.broadcast_to(vocab - k, (logits.shape[0], 1)), axis=-1
+        )
         logits = jnp.where((options["top_k"] > 0) & (logits < kth), -jnp.inf, logits)
         # top-p over what top-k left: drop the low-probability tail holding at most 1 - top_p of the mass.
         order = jnp.argsort(logits, axis=-1)
-        cumulative = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1), axis=-1)
+        cumulative = jnp.cumsum(
+            jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1), axis=-1
+        )
         drop_sorted = (cumulative <= 1 - options["top_p"]).at[:, -1].set(False)
-        drop = jnp.zeros_like(drop_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(drop_sorted)
+        drop = (
+            jnp.zeros_like(drop_sorted)
+            .at[jnp.arange(logits.shape[0])[:, None], order]
+            .set(drop_sorted)
+        )
         logits = jnp.where(drop, -jnp.inf, logits)
-        token = jax.random.categorical(jax.random.fold_in(jax.random.wrap_key_data(options["key"]), index), logits, axis=-1)
+        token = jax.random.categorical(
+            jax.random.fold_in(jax.random.wrap_key_data(options["key"]), index), logits, axis=-1
+        )
     else:
         token = jnp.argmax(logits, axis=-1)
     token = jnp.where(finished, options["pad"], token.astype(jnp.int32))
     return token, finished | jnp.isin(token, options["eos"])
 
 
-def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, options: dict[str, Any],
-            source: Any = None) -> dict[str, Any]:  # fmt: skip
+def prefill(
+    model: Any,
+    static: Static,
+    params: Any,
+    ids: jax.Array,
+    prompt_mask: jax.Array,
+    options: dict[str, Any],
+    source: Any = None,
+) -> dict[str, Any]:
     """Run the prompt, fill the cache, and choose the first new token.
 
     For an encoder-decoder, ``ids`` is the decoder's start token and ``source`` the encoder's ``{"ids",
@@ -247,7 +350,9 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
     # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
     # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
-    logits, states, hidden = _step(model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source)
+    logits, states, hidden = _step(
+        model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source
+    )
     token, finished = _choose(static, logits, jnp.int32(0), jnp.zeros((batch,), bool), options)
     tokens = jnp.full((batch, static.capacity), options["pad"], jnp.int32).at[:, 0].set(token)
     valid = jnp.concatenate([prompt_mask, jnp.ones((batch, static.capacity), bool)], axis=1)
@@ -257,7 +362,13 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
         states = slot_cache.grow(states, static.capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {"states": states, "tokens": tokens, "step": jnp.int32(1), "finished": finished, "valid": valid}
+    state = {
+        "states": states,
+        "tokens": tokens,
+        "step": jnp.int32(1),
+        "finished": finished,
+        "valid": valid,
+    }
     if not static.cache_argument:
         state["prompt"] = ids  # a model without a cache reads the whole sequence at every step
     if static.encoder_decoder:
@@ -265,8 +376,15 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     return state
 
 
-def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, options: dict[str, Any],
-           transposed: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
+def decode(
+    model: Any,
+    static: Static,
+    params: Any,
+    state: dict[str, Any],
+    limit: jax.Array,
+    options: dict[str, Any],
+    transposed: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """Choose new tokens ``state["step"]`` up to ``limit`` (or until every row finished), in one while loop
     that reads the ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
     prompt_length = state["valid"].shape[1] - static.capacity
@@ -282,14 +400,37 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         positions = (seen + step - 1)[:, None]
         length = state["valid"].shape[1]
         if static.cache_argument:
-            logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None], slot,
-                                      state.get("source"), masked=static.attends, transposed=transposed)  # fmt: skip
+            logits, states, _ = _step(
+                model,
+                static,
+                params,
+                state["states"],
+                last,
+                positions,
+                state["valid"],
+                slot[None],
+                slot,
+                state.get("source"),
+                masked=static.attends,
+                transposed=transposed,
+            )
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             sequence = jnp.concatenate([state["prompt"], state["tokens"]], axis=1)
             valid = state["valid"] & (jnp.arange(length) <= slot)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
-            logits, states, _ = _step(model, static, params, [], sequence, positions, valid, jnp.arange(length), 0, at=slot,
-                                      transposed=transposed)  # fmt: skip
+            logits, states, _ = _step(
+                model,
+                static,
+                params,
+                [],
+                sequence,
+                positions,
+                valid,
+                jnp.arange(length),
+                0,
+                at=slot,
+                transposed=transposed,
+            )
         token, finished = _choose(static, logits, step, state["finished"], options)
         tokens = jax.lax.dynamic_update_slice_in_dim(state["tokens"], token[:, None], step, axis=1)
         return {**state, "states": states, "tokens": tokens, "step": step + 1, "finished": finished}
@@ -306,15 +447,39 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         )
     else:
         state = jax.lax.while_loop(unfinished, advance, state)
-    if model.mesh is not None:  # whole on every device, so every process of a multi-host mesh can read them
+    if (
+        model.mesh is not None
+    ):  # whole on every device, so every process of a multi-host mesh can read them
         whole = jax.sharding.NamedSharding(model.mesh, jax.sharding.PartitionSpec())
-        state = {**state, **mesh.constrain({key: state[key] for key in ("tokens", "finished")}, lambda shape: whole)}
+        state = {
+            **state,
+            **mesh.constrain(
+                {key: state[key] for key in ("tokens", "finished")}, lambda shape: whole
+            ),
+        }
     return state
 
 
-def _generate_all(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, limit: Any, options: Any, static: Static) -> Any:
+def _generate_all(
+    model: Any,
+    params: Any,
+    ids: Any,
+    prompt_mask: Any,
+    source: Any,
+    limit: Any,
+    options: Any,
+    static: Static,
+) -> Any:
     state = prefill(model, static, params, ids, prompt_mask, options, source)
-    state = decode(model, static, params, state, limit, options, _transposed_weights(model, static, ids.shape[0]))
+    state = decode(
+        model,
+        static,
+        params,
+        state,
+        limit,
+        options,
+        _transposed_weights(model, static, ids.shape[0]),
+    )
     return state["tokens"], state["step"]
 
 
@@ -349,10 +514,18 @@ def generate(
     chunks of ``STREAM_CHUNK`` as they are decoded.
     """
     settings = dict(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id, min_new_tokens=min_new_tokens, seed=seed,
-        forced_eos_token_id=forced_eos_token_id, begin_suppress_tokens=begin_suppress_tokens,
-    )  # fmt: skip
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        min_new_tokens=min_new_tokens,
+        seed=seed,
+        forced_eos_token_id=forced_eos_token_id,
+        begin_suppress_tokens=begin_suppress_tokens,
+    )
     ids, mask, s = resolve(model, input_ids, attention_mask, settings, OPTIONAL)
     check_streamer(streamer)
     batch = ids.shape[0]
@@ -375,13 +548,16 @@ def generate(
     model.last_generate_stats = GenerateStats(
         new_tokens=int(steps) * batch,
         seconds=time.perf_counter() - started,
-        compile_seconds=(after.compile_seconds - before.compile_seconds) + (after.trace_seconds - before.trace_seconds),
+        compile_seconds=(after.compile_seconds - before.compile_seconds)
+        + (after.trace_seconds - before.trace_seconds),
         compiles=after.compiles - before.compiles,
     )
     return jax.device_put(np.concatenate([head, tokens[:batch, :max_new]], axis=1).astype(np.int32))
 
 
-def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any]) -> tuple[tuple[Any, ...], Static]:
+def _arguments(
+    model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any]
+) -> tuple[tuple[Any, ...], Static]:
     """The generate program's arguments ``(params, ids, prompt_mask, source, limit, options)`` and its ``Static``.
 
     Prompts are left-padded into their bucket, with rows enough for every batch axis of the mesh, and split
@@ -395,11 +571,17 @@ def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any])
     positioned = accepts(model.module, "position_ids") and not encoder_decoder
     if encoder_decoder:
         source_ids, source_mask = pad_prompts(ids, mask, s["pad_token_id"], rows, left=False)
-        source = mesh.shard_batch({"ids": source_ids, "mask": source_mask.astype(np.int32)}, model.mesh)
+        source = mesh.shard_batch(
+            {"ids": source_ids, "mask": source_mask.astype(np.int32)}, model.mesh
+        )
         start = decoder_start(model, ids, s)
-        padded_ids, padded_mask = pad_prompts(start, np.ones_like(start, bool), s["pad_token_id"], rows, length=1)
+        padded_ids, padded_mask = pad_prompts(
+            start, np.ones_like(start, bool), s["pad_token_id"], rows, length=1
+        )
     else:
-        padded_ids, padded_mask = pad_prompts(ids, mask, s["pad_token_id"], rows, length=None if positioned else length)
+        padded_ids, padded_mask = pad_prompts(
+            ids, mask, s["pad_token_id"], rows, length=None if positioned else length
+        )
         source = None
     static = Static(
         capacity=bucket(int(s["max_new_tokens"]), MIN_LENGTH_BUCKET),
@@ -425,7 +607,13 @@ def _arguments(model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any])
         "key": np.asarray(jax.random.key_data(jax.random.key(int(s["seed"])))),
     }
     limit, options = mesh.replicate((np.int32(s["max_new_tokens"]), options), model.mesh)
-    return (model.params, *mesh.shard_batch((padded_ids, padded_mask), model.mesh), source, limit, options), static
+    return (
+        model.params,
+        *mesh.shard_batch((padded_ids, padded_mask), model.mesh),
+        source,
+        limit,
+        options,
+    ), static
 
 
 def _head(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
@@ -441,7 +629,9 @@ def _cache_argument(model: Any) -> str:
     """The name under which the model's forward takes its cache (Mamba-style models call it ``cache_params``);
     ``""`` for a model without one, which then reads the whole sequence at every step, as transformers does.
     A model with a cache of another kind is refused: re-reading the sequence would not give its tokens."""
-    name = next((name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), "")
+    name = next(
+        (name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), ""
+    )
     other = [argument for argument in OTHER_CACHES if accepts(model.module, argument)]
     if not name and other:
         raise NotImplementedError(
@@ -451,7 +641,9 @@ def _cache_argument(model: Any) -> str:
     return name
 
 
-def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any) -> jax.stages.Lowered:
+def lower(
+    model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any
+) -> jax.stages.Lowered:
     """The program ``generate`` runs for these arguments, lowered but not run.
 
     ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
@@ -462,15 +654,21 @@ def lower(model: Any, input_ids: Any, attention_mask: Any = None, **settings: An
     return model.program("generate", _generate_all).lower(*args, static=static)
 
 
-def _stream(model: Any, static: Static, args: tuple[Any, ...], max_new: int, streamer: Any, ids: np.ndarray) -> tuple[np.ndarray, int]:
+def _stream(
+    model: Any, static: Static, args: tuple[Any, ...], max_new: int, streamer: Any, ids: np.ndarray
+) -> tuple[np.ndarray, int]:
     params, prompt_ids, prompt_mask, source, _, options = args
     streamer.put(ids)
-    state = model.program("prefill", prefill_program)(params, prompt_ids, prompt_mask, source, options, static=static)
+    state = model.program("prefill", prefill_program)(
+        params, prompt_ids, prompt_mask, source, options, static=static
+    )
     sent = 0
     while True:
         limit = min(sent + STREAM_CHUNK, max_new)
         limit_array = mesh.replicate(np.int32(limit), model.mesh)
-        state = model.program("decode", decode_program, donate=("state",))(params, state, limit_array, options, static=static)
+        state = model.program("decode", decode_program, donate=("state",))(
+            params, state, limit_array, options, static=static
+        )
         step = int(state["step"])
         tokens = np.asarray(state["tokens"])
         streamer.put(tokens[: ids.shape[0], sent:step])
@@ -481,9 +679,13 @@ def _stream(model: Any, static: Static, args: tuple[Any, ...], max_new: int, str
     return tokens, sent
 
 
-def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, options: Any, static: Static) -> Any:
+def prefill_program(
+    model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, options: Any, static: Static
+) -> Any:
     return prefill(model, static, params, ids, prompt_mask, options, source)
 
 
-def decode_program(model: Any, params: Any, state: Any, limit: Any, options: Any, static: Static) -> Any:
+def decode_program(
+    model: Any, params: Any, state: Any, limit: Any, options: Any, static: Static
+) -> Any:
     return decode(model, static, params, state, limit, options)

@@ -32,7 +32,9 @@ def device_memory(devices: list[Any]) -> tuple[int | None, str]:
     return min(free), f"free memory of a {devices[0].device_kind}"
 
 
-def plan_layout(model: torch.nn.Module, plan: ShardingPlan, mesh: Mesh | Mapping[str, int] | None) -> Layout:
+def plan_layout(
+    model: torch.nn.Module, plan: ShardingPlan, mesh: Mesh | Mapping[str, int] | None
+) -> Layout:
     """The layout ``move_weights`` will give ``model``'s tensors (real or on the ``meta`` device).
 
     ``mesh`` may be a mapping of axis sizes, to plan for devices that are not attached; the device memory
@@ -48,8 +50,12 @@ def array_layout(params: Mapping[str, jax.Array], mesh: Mesh | None) -> Layout:
     placements = []
     for name, array in params.items():
         spec = tuple(getattr(array.sharding, "spec", ()))
-        spec = tuple(axis if axis is None or isinstance(axis, str) else "+".join(axis) for axis in spec)
+        spec = tuple(
+            axis if axis is None or isinstance(axis, str) else "+".join(axis) for axis in spec
+        )
         spec += (None,) * (array.ndim - len(spec))
         shard = int(np.prod(array.sharding.shard_shape(array.shape))) * array.dtype.itemsize
-        placements.append(Placement(name, tuple(array.shape), str(array.dtype), spec, int(array.nbytes), shard))
+        placements.append(
+            Placement(name, tuple(array.shape), str(array.dtype), spec, int(array.nbytes), shard)
+        )
     return Layout(tuple(dict(mesh.shape).items()) if mesh is not None else (), tuple(placements))

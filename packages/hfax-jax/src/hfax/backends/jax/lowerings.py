@@ -32,8 +32,12 @@ def scaled_dot_product_attention(
 ) -> jax.Array:
     """``torch.nn.functional.scaled_dot_product_attention`` on ``[..., heads, length, head_dim]`` arrays."""
     if dropout_p:
-        raise ValueError(f"hfax runs attention for inference only, got dropout_p={dropout_p}; call model.eval() first")
-    if query.shape[-3] != key.shape[-3]:  # grouped-query attention: each key/value head serves a group of queries
+        raise ValueError(
+            f"hfax runs attention for inference only, got dropout_p={dropout_p}; call model.eval() first"
+        )
+    if (
+        query.shape[-3] != key.shape[-3]
+    ):  # grouped-query attention: each key/value head serves a group of queries
         groups = query.shape[-3] // key.shape[-3]
         key, value = jnp.repeat(key, groups, axis=-3), jnp.repeat(value, groups, axis=-3)
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -41,7 +45,11 @@ def scaled_dot_product_attention(
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], bool)), scores, -jnp.inf)
     if attn_mask is not None:
-        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+        scores = (
+            jnp.where(attn_mask, scores, -jnp.inf)
+            if attn_mask.dtype == jnp.bool_
+            else scores + attn_mask
+        )
     weights = jax.nn.softmax(scores, axis=-1)
     # A query that may see no key (the row of a left-padding token) gets zeros, as in PyTorch since 2.5;
     # softmax gives NaN there, and the next layer's 0 * NaN spreads it to every token.
@@ -49,8 +57,13 @@ def scaled_dot_product_attention(
     return jnp.matmul(weights.astype(value.dtype), value)
 
 
-def grouped_mm(mat_a: jax.Array, mat_b: jax.Array, offs: jax.Array | None = None, bias: jax.Array | None = None,
-               out_dtype: Any = None) -> jax.Array:  # fmt: skip
+def grouped_mm(
+    mat_a: jax.Array,
+    mat_b: jax.Array,
+    offs: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
     """``torch._grouped_mm``, which torchax lacks: the expert matmuls of a mixture of experts.
 
     transformers' ``grouped_mm`` experts (the jittable path: tokens sorted by expert, no data-dependent
@@ -58,7 +71,11 @@ def grouped_mm(mat_a: jax.Array, mat_b: jax.Array, offs: jax.Array | None = None
     end row of each expert: ``jax.lax.ragged_dot``. Without ``offs`` the groups are the first dimension of
     two 3-D operands.
     """
-    dtype = jnp.dtype(str(out_dtype).removeprefix("torch.")) if out_dtype is not None else jnp.result_type(mat_a, mat_b)
+    dtype = (
+        jnp.dtype(str(out_dtype).removeprefix("torch."))
+        if out_dtype is not None
+        else jnp.result_type(mat_a, mat_b)
+    )
     groups = None
     if offs is None:
         out = jnp.matmul(mat_a, mat_b, preferred_element_type=dtype)
@@ -72,7 +89,11 @@ def grouped_mm(mat_a: jax.Array, mat_b: jax.Array, offs: jax.Array | None = None
             "mixture-of-experts forward form (2-D tokens by 3-D expert weights)"
         )
     if bias is not None:
-        out = out + (bias[jnp.minimum(groups, bias.shape[0] - 1)] if groups is not None and bias.ndim == 2 else bias)
+        out = out + (
+            bias[jnp.minimum(groups, bias.shape[0] - 1)]
+            if groups is not None and bias.ndim == 2
+            else bias
+        )
     return out.astype(dtype)
 
 
@@ -94,7 +115,12 @@ def linear(input: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -
     """
     dtype = jnp.result_type(input, weight)
     accumulator = _accumulator(dtype)
-    if _ROW_PRODUCTS.get() and accumulator is not None and weight.ndim == 2 and math.prod(input.shape[:-1]) == 1:
+    if (
+        _ROW_PRODUCTS.get()
+        and accumulator is not None
+        and weight.ndim == 2
+        and math.prod(input.shape[:-1]) == 1
+    ):
         output = jnp.dot(input, weight.T, preferred_element_type=accumulator)
     else:
         output = jnp.einsum("...a,ba->...b", input, weight, preferred_element_type=accumulator)
@@ -102,7 +128,9 @@ def linear(input: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -
     return output if bias is None else output + bias
 
 
-_ROW_PRODUCTS: contextvars.ContextVar[bool] = contextvars.ContextVar("hfax_row_products", default=False)
+_ROW_PRODUCTS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "hfax_row_products", default=False
+)
 
 
 @contextlib.contextmanager
@@ -125,7 +153,9 @@ def row_products(enabled: bool = True) -> Iterator[None]:
         _ROW_PRODUCTS.reset(token)
 
 
-def embedding(input: jax.Array, weight: jax.Array, padding_idx: int | None = None, *args: Any, **kwargs: Any) -> jax.Array:
+def embedding(
+    input: jax.Array, weight: jax.Array, padding_idx: int | None = None, *args: Any, **kwargs: Any
+) -> jax.Array:
     """``torch.nn.functional.embedding`` (inference: ``padding_idx`` only matters to gradients).
 
     16-bit rows are gathered through an integer view: XLA widens a gather whose result is widened (as every
@@ -139,7 +169,9 @@ def embedding(input: jax.Array, weight: jax.Array, padding_idx: int | None = Non
 
 
 def _accumulator(dtype: Any) -> Any:
-    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 else None
+    return (
+        jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 else None
+    )
 
 
 #: torch functions and the JAX functions hfax lowers them to.
@@ -183,19 +215,31 @@ def type_as(self: Any, other: Any) -> Any:
 METHODS: dict[str, Callable[..., Any]] = {"type_as": type_as}
 
 
-def _attend_written(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+def _attend_written(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     """Attention over keys and values a slot-cache write returned, read around the write (``cache.attend``);
     ``None`` for any other call."""
     from hfax.backends.jax import cache
 
     if is_causal or dropout_p:
         return None
-    return cache.attention(query, key, value, attn_mask, 1 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    return cache.attention(
+        query, key, value, attn_mask, 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    )
 
 
 #: torch functions whose lowering first tries one that needs the torch arguments themselves; ``None`` declines.
-TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {torch.nn.functional.scaled_dot_product_attention: _attend_written}
+TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    torch.nn.functional.scaled_dot_product_attention: _attend_written
+}
 
 
 def install(environment: Any, tensor_class: Any = None) -> None:

@@ -27,7 +27,9 @@ def make_mesh(**axis_sizes: int) -> Mesh:
     """
     unknown = set(axis_sizes) - set(MESH_AXES)
     if unknown or not axis_sizes:
-        raise ValueError(f"mesh axes must be among {MESH_AXES}, got {sorted(axis_sizes) or 'none'}; e.g. make_mesh(model=8)")
+        raise ValueError(
+            f"mesh axes must be among {MESH_AXES}, got {sorted(axis_sizes) or 'none'}; e.g. make_mesh(model=8)"
+        )
     total = int(np.prod(list(axis_sizes.values())))
     if total != jax.device_count():
         raise ValueError(
@@ -35,10 +37,14 @@ def make_mesh(**axis_sizes: int) -> Mesh:
             "the device count (on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
         )
     names = tuple(axis_sizes)
-    return jax.make_mesh(tuple(axis_sizes.values()), names, axis_types=(AxisType.Auto,) * len(names))
+    return jax.make_mesh(
+        tuple(axis_sizes.values()), names, axis_types=(AxisType.Auto,) * len(names)
+    )
 
 
-def partition(plan: ShardingPlan, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]) -> PartitionSpec:
+def partition(
+    plan: ShardingPlan, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]
+) -> PartitionSpec:
     """Where weight ``name`` goes on a mesh of axis ``sizes`` (``dict(mesh.shape)``): see ``ShardingPlan.spec_on``."""
     return PartitionSpec(*plan.spec_on(name, shape, sizes))
 
@@ -59,7 +65,10 @@ def batch_axes(mesh: Mesh, batch: int) -> tuple[str, ...]:
     """The batch axes of ``mesh`` that together divide ``batch`` (the ``data`` axis first)."""
     axes: list[str] = []
     for axis in BATCH_AXES:
-        if mesh.shape.get(axis, 1) > 1 and batch % int(np.prod([mesh.shape[a] for a in (*axes, axis)])) == 0:
+        if (
+            mesh.shape.get(axis, 1) > 1
+            and batch % int(np.prod([mesh.shape[a] for a in (*axes, axis)])) == 0
+        ):
             axes.append(axis)
     return tuple(axes)
 
@@ -73,7 +82,9 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     """Rows split over the batch axes, every other dimension whole."""
     if not shape:
         return NamedSharding(mesh, PartitionSpec())
-    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh, shape[0]) or None, *(None,) * (len(shape) - 1)))
+    return NamedSharding(
+        mesh, PartitionSpec(batch_axes(mesh, shape[0]) or None, *(None,) * (len(shape) - 1))
+    )
 
 
 def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
@@ -85,7 +96,9 @@ def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     batch, heads = shape[:2]
     model = mesh.shape.get("model", 1)
     head_axis = "model" if model > 1 and heads % model == 0 else None
-    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh, batch) or None, head_axis, *(None,) * (len(shape) - 2)))
+    return NamedSharding(
+        mesh, PartitionSpec(batch_axes(mesh, batch) or None, head_axis, *(None,) * (len(shape) - 2))
+    )
 
 
 def shard_batch(tree: Any, mesh: Mesh | None) -> Any:

@@ -57,24 +57,42 @@ class JaxModel(BackendModel):
         args, kwargs = jax.tree_util.tree_map(_host_to_jax, (args, kwargs))
         targs, tkwargs, tparams = to_tensor((args, kwargs, params))
         with env():
-            output = torch.func.functional_call(self.module, tparams, targs, tkwargs, tie_weights=True, strict=False)
+            output = torch.func.functional_call(
+                self.module, tparams, targs, tkwargs, tie_weights=True, strict=False
+            )
         return pytrees.to_jax(output, to_array)
 
-    def program(self, name: str, fn: Callable[..., Any], donate: tuple[str, ...] = ()) -> Callable[..., Any]:
+    def program(
+        self, name: str, fn: Callable[..., Any], donate: tuple[str, ...] = ()
+    ) -> Callable[..., Any]:
         """``fn(self, ...)`` compiled through the compile-step hook; ``static`` is static. Traced once per argument
         signature, and kept traced on disk for later processes (see ``programs.py``)."""
 
         def make() -> Callable[..., Any]:
             jitted = self._compile_step(
-                functools.partial(fn, self), name=name, static_argnames=("static",), donate_argnames=donate
+                functools.partial(fn, self),
+                name=name,
+                static_argnames=("static",),
+                donate_argnames=donate,
             )
             positional = [p for p in list(inspect.signature(fn).parameters)[1:] if p != "static"]
             fingerprint = functools.partial(programs.model_fingerprint, self.module, self.family)
-            return programs.Program(name, jitted, fingerprint, tuple(positional.index(d) for d in donate), label=fn.__name__)
+            return programs.Program(
+                name,
+                jitted,
+                fingerprint,
+                tuple(positional.index(d) for d in donate),
+                label=fn.__name__,
+            )
 
         return self.compiled(name, make)
 
-    def _forward(self, params: dict[str, jax.Array], arrays: dict[str, Any], static: tuple[tuple[str, Any], ...]) -> Any:
+    def _forward(
+        self,
+        params: dict[str, jax.Array],
+        arrays: dict[str, Any],
+        static: tuple[tuple[str, Any], ...],
+    ) -> Any:
         return self.apply(params, **arrays, **dict(static))
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
@@ -86,7 +104,9 @@ class JaxModel(BackendModel):
             else:
                 static[name] = value
         arrays = shard_batch(arrays, self.mesh)
-        return self.program("forward", JaxModel._forward)(self.params, arrays, static=tuple(sorted(static.items())))
+        return self.program("forward", JaxModel._forward)(
+            self.params, arrays, static=tuple(sorted(static.items()))
+        )
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:
         """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`."""
@@ -105,5 +125,7 @@ def as_jax(value: Any) -> jax.Array:
         value = value.detach().cpu().numpy()
     array = np.asarray(value)
     if array.dtype == np.int64:
-        array = array.astype(np.int32)  # on the host: jnp would compile a conversion program per shape
+        array = array.astype(
+            np.int32
+        )  # on the host: jnp would compile a conversion program per shape
     return jax.device_put(array)

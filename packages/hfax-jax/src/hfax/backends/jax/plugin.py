@@ -14,7 +14,11 @@ NAME = "jax"
 
 @hookimpl
 def hfax_backends() -> list[BackendSpec]:
-    return [BackendSpec(NAME, "hfax.backends.jax.backend:JaxBackend", "JAX through torchax (TPU, GPU, CPU)")]
+    return [
+        BackendSpec(
+            NAME, "hfax.backends.jax.backend:JaxBackend", "JAX through torchax (TPU, GPU, CPU)"
+        )
+    ]
 
 
 @hookimpl
@@ -43,7 +47,11 @@ def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[s
 
 @hookimpl
 def hfax_compile_step(
-    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+    fn: Callable[..., Any],
+    backend: str,
+    name: str,
+    static_argnames: tuple[str, ...],
+    donate_argnames: tuple[str, ...],
 ) -> Callable[..., Any] | None:
     if backend != NAME:
         return None

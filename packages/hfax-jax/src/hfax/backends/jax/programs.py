@@ -66,7 +66,11 @@ def _describe(value: Any) -> str:
         value = value.__func__
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
-    return repr(value) if isinstance(value, (str, int, float, bool, type(None), tuple)) else type(value).__qualname__
+    return (
+        repr(value)
+        if isinstance(value, (str, int, float, bool, type(None), tuple))
+        else type(value).__qualname__
+    )
 
 
 def model_fingerprint(module: Any, family: str) -> str:
@@ -86,7 +90,12 @@ def model_fingerprint(module: Any, family: str) -> str:
         config.to_json_string(use_diff=False),
         repr(getattr(config, "_attn_implementation", None)),
         family,
-        repr([(type(target).__qualname__, name, _describe(getattr(target, name, None))) for target, name in Patcher(module).patched]),
+        repr(
+            [
+                (type(target).__qualname__, name, _describe(getattr(target, name, None)))
+                for target, name in Patcher(module).patched
+            ]
+        ),
         repr([(name, _version(name)) for name in _VERSIONED]),
         _source_digest(),
         jax.default_backend(),
@@ -124,7 +133,12 @@ class Program:
     """
 
     def __init__(
-        self, name: str, jitted: Callable[..., Any], fingerprint: Callable[[], str], donate: tuple[int, ...], label: str
+        self,
+        name: str,
+        jitted: Callable[..., Any],
+        fingerprint: Callable[[], str],
+        donate: tuple[int, ...],
+        label: str,
     ) -> None:
         self.name = name
         self.label = label
@@ -145,7 +159,9 @@ class Program:
 
     def _build(self, key: str, args: tuple[Any, ...], static: Any) -> Callable[..., Any]:
         directory = cache_dir()
-        usable = directory is not None and hasattr(self.jitted, "trace") and jax.process_count() == 1
+        usable = (
+            directory is not None and hasattr(self.jitted, "trace") and jax.process_count() == 1
+        )
         if not usable:
             return functools.partial(self.jitted, static=static)
         digest = hashlib.sha256(f"{self._fingerprint()}\n{key}".encode()).hexdigest()
@@ -160,20 +176,29 @@ class Program:
             try:
                 exported = jax.export.export(self.jitted)(*args, static=static)
             except Exception as error:
-                log.info("hfax: program %r cannot be exported (%s); running it through jax.jit", self.name, error)
+                log.info(
+                    "hfax: program %r cannot be exported (%s); running it through jax.jit",
+                    self.name,
+                    error,
+                )
                 return functools.partial(self.jitted, static=static)
             _store(path, exported)
+
         def program(*args: Any) -> Any:
             return exported.call(*args)
 
-        program.__name__ = program.__qualname__ = self.label  # what compile events and profiles call it
+        program.__name__ = program.__qualname__ = (
+            self.label
+        )  # what compile events and profiles call it
         return jax.jit(program, donate_argnums=self._donate)
 
 
 def _store(path: Path, exported: Any) -> None:
     try:
         blob = exported.serialize()
-    except Exception as error:  # e.g. an output type jax.export cannot name: this process still uses it
+    except (
+        Exception
+    ) as error:  # e.g. an output type jax.export cannot name: this process still uses it
         log.info("hfax: program %s is not kept on disk (%s)", path.name, error)
         return
     path.parent.mkdir(parents=True, exist_ok=True)

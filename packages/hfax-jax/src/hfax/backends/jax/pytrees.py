@@ -14,7 +14,12 @@ from typing import Any
 
 import jax
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DummyLayer,
+    LinearAttentionCacheLayerMixin,
+)
 from transformers.utils import ModelOutput
 
 #: Cache containers and the layer kinds they hold: attention layers, linear-attention (Mamba-style) layers
@@ -22,7 +27,14 @@ from transformers.utils import ModelOutput
 CACHE_TYPES = (Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin, DummyLayer)
 _registered: set[type] = set()
 _lock = threading.Lock()
-_ARRAY_ATTRIBUTES = ("keys", "values", "cumulative_length", "layers", "conv_states", "recurrent_states")
+_ARRAY_ATTRIBUTES = (
+    "keys",
+    "values",
+    "cumulative_length",
+    "layers",
+    "conv_states",
+    "recurrent_states",
+)
 
 
 class _Static:
@@ -32,7 +44,9 @@ class _Static:
         self.items = items
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Static) or [k for k, _ in self.items] != [k for k, _ in other.items]:
+        if not isinstance(other, _Static) or [k for k, _ in self.items] != [
+            k for k, _ in other.items
+        ]:
             return False
         try:
             return all(bool(a == b) for (_, a), (_, b) in zip(self.items, other.items))
@@ -45,7 +59,9 @@ class _Static:
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, (jax.Array, torch.Tensor)) or (
-        isinstance(value, list) and bool(value) and all(isinstance(v, (*CACHE_TYPES, jax.Array, torch.Tensor)) for v in value)
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, (*CACHE_TYPES, jax.Array, torch.Tensor)) for v in value)
     )
 
 
@@ -78,11 +94,15 @@ def register(cls: type) -> None:
         if cls in _registered:
             return
         if issubclass(cls, ModelOutput):
-            jax.tree_util.register_pytree_node(cls, _flatten_output, lambda keys, children: cls(**dict(zip(keys, children))))
+            jax.tree_util.register_pytree_node(
+                cls, _flatten_output, lambda keys, children: cls(**dict(zip(keys, children)))
+            )
         elif issubclass(cls, CACHE_TYPES):
             jax.tree_util.register_pytree_node(cls, _flatten_object, _unflatten_object(cls))
         else:
-            raise TypeError(f"{cls.__name__} is neither a transformers ModelOutput nor a cache type")
+            raise TypeError(
+                f"{cls.__name__} is neither a transformers ModelOutput nor a cache type"
+            )
         _registered.add(cls)
 
 
@@ -92,7 +112,12 @@ def register_loaded() -> None:
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
-        if cls not in (ModelOutput, Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin) and not getattr(cls, "__abstractmethods__", None):
+        if cls not in (
+            ModelOutput,
+            Cache,
+            CacheLayerMixin,
+            LinearAttentionCacheLayerMixin,
+        ) and not getattr(cls, "__abstractmethods__", None):
             register(cls)
 
 

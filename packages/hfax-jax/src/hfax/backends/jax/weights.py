@@ -36,6 +36,10 @@ def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.
             array = place(host_array(tensor), plan, full_name, mesh)
             params[full_name] = array
             view = to_tensor(array)
-            moved[id(tensor)] = torch.nn.Parameter(view, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else view
+            moved[id(tensor)] = (
+                torch.nn.Parameter(view, requires_grad=False)
+                if isinstance(tensor, torch.nn.Parameter)
+                else view
+            )
         registry[name] = moved[id(tensor)]
     return params

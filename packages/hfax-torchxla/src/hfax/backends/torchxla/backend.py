@@ -29,12 +29,16 @@ class TorchXlaBackend:
         # function and 256 in all, would end in an error (fullgraph): the compile budget bounds the programs.
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, DYNAMO_TRACE_LIMIT)
-        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, DYNAMO_TRACE_LIMIT)
+        config.accumulated_recompile_limit = max(
+            config.accumulated_recompile_limit, DYNAMO_TRACE_LIMIT
+        )
 
     def devices(self) -> list[str]:
         return runtime.devices()
 
-    def build(self, model: Any, *, params: dict[str, torch.Tensor], family: str, plan: Any, mesh: Any) -> TorchXlaModel:
+    def build(
+        self, model: Any, *, params: dict[str, torch.Tensor], family: str, plan: Any, mesh: Any
+    ) -> TorchXlaModel:
         from hfax.plugins import get_plugin_manager
 
         hook = get_plugin_manager().hook
@@ -42,4 +46,6 @@ class TorchXlaBackend:
         def compile_step(fn: Any, **options: Any) -> Any:
             return hook.hfax_compile_step(fn=fn, backend=self.name, **options)
 
-        return TorchXlaModel(model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step)
+        return TorchXlaModel(
+            model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step
+        )

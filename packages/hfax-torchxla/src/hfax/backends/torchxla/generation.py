@@ -36,7 +36,16 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from hfax import Patcher, masks
 from hfax.backends.torchxla import runtime
-from hfax.generation import MIN_LENGTH_BUCKET, STREAM_CHUNK, GenerateStats, accepts, bucket, check_streamer, pad_prompts, resolve
+from hfax.generation import (
+    MIN_LENGTH_BUCKET,
+    STREAM_CHUNK,
+    GenerateStats,
+    accepts,
+    bucket,
+    check_streamer,
+    pad_prompts,
+    resolve,
+)
 
 #: XLA programs a process may compile before generate stops adding buckets (see the module docstring).
 DEFAULT_COMPILE_BUDGET = 48
@@ -70,7 +79,11 @@ def _linear(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
 
 def _in_out_copy(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` stored ``[in, out]``; a bfloat16 weight widened to float32 (see :func:`in_out_weights`)."""
-    return weight.t().to(torch.float32 if weight.dtype == torch.bfloat16 else weight.dtype).contiguous()
+    return (
+        weight.t()
+        .to(torch.float32 if weight.dtype == torch.bfloat16 else weight.dtype)
+        .contiguous()
+    )
 
 
 @contextlib.contextmanager
@@ -98,7 +111,12 @@ def in_out_weights(model: Any, rows: int, capacity: int) -> Any:
     are untouched. The forwards are patched through ``hfax.Patcher`` (undone by ``hfax.unpatch``); without a
     copy they are ``nn.Linear``'s.
     """
-    wanted = runtime.platform() == "CPU" and model.mesh is None and rows >= TRANSPOSE_FROM_ROWS and capacity >= TRANSPOSE_FROM_STEPS
+    wanted = (
+        runtime.platform() == "CPU"
+        and model.mesh is None
+        and rows >= TRANSPOSE_FROM_ROWS
+        and capacity >= TRANSPOSE_FROM_STEPS
+    )
     linears = [m for m in model.module.modules() if type(m) is torch.nn.Linear] if wanted else []
     patcher = Patcher(model.module)
     try:
@@ -126,7 +144,11 @@ class Bucket:
     do_sample: bool
 
     def holds(self, other: Bucket) -> bool:
-        same = (self.batch, self.eos_slots, self.do_sample) == (other.batch, other.eos_slots, other.do_sample)
+        same = (self.batch, self.eos_slots, self.do_sample) == (
+            other.batch,
+            other.eos_slots,
+            other.do_sample,
+        )
         return same and self.prompt >= other.prompt and self.capacity >= other.capacity
 
 
@@ -136,7 +158,9 @@ def compile_budget() -> int:
     try:
         return int(raw) if raw else DEFAULT_COMPILE_BUDGET
     except ValueError:
-        raise ValueError(f"HFAX_TORCHXLA_COMPILE_BUDGET must be an integer number of programs, got {raw!r}") from None
+        raise ValueError(
+            f"HFAX_TORCHXLA_COMPILE_BUDGET must be an integer number of programs, got {raw!r}"
+        ) from None
 
 
 def choose_bucket(compiled: set[Bucket], wanted: Bucket) -> Bucket:
@@ -155,7 +179,15 @@ def choose_bucket(compiled: set[Bucket], wanted: Bucket) -> Bucket:
     )
 
 
-def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, query_slots: Any, structure: tuple) -> Any:
+def _logits(
+    module: Any,
+    cache: Cache,
+    ids: Any,
+    positions: Any,
+    valid: Any,
+    query_slots: Any,
+    structure: tuple,
+) -> Any:
     """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's float32 logits."""
     windows, pass_positions, logits_to_keep = structure
     kwargs: dict[str, Any] = dict(
@@ -182,7 +214,9 @@ def _uniform(seed: Any, index: Any, shape: tuple[int, int], device: Any) -> Any:
     return (x.float() + 0.5) / 2.0**32
 
 
-def choose(logits: Any, index: Any, finished: Any, options: dict[str, Any], do_sample: bool) -> tuple[Any, Any]:
+def choose(
+    logits: Any, index: Any, finished: Any, options: dict[str, Any], do_sample: bool
+) -> tuple[Any, Any]:
     """Pick new token ``index`` of every row, in transformers' order: min-length, temperature, top-k, top-p.
 
     EOS membership is a comparison against the padded id list, not ``torch.isin`` (a CPU fallback on XLA).
@@ -204,7 +238,9 @@ def choose(logits: Any, index: Any, finished: Any, options: dict[str, Any], do_s
         drop_sorted[:, -1] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -torch.inf)
-        gumbel = -torch.log(-torch.log(_uniform(options["seed"], index, (batch, vocab), logits.device)))
+        gumbel = -torch.log(
+            -torch.log(_uniform(options["seed"], index, (batch, vocab), logits.device))
+        )
         token = torch.argmax(logits + gumbel, dim=-1)
     else:
         token = torch.argmax(logits, dim=-1)
@@ -212,7 +248,14 @@ def choose(logits: Any, index: Any, finished: Any, options: dict[str, Any], do_s
     return token, finished | (token[:, None] == eos[None, :]).any(-1)
 
 
-def decode_step(module: Any, cache: Cache, state: dict[str, Any], options: dict[str, Any], structure: tuple, do_sample: bool) -> dict[str, Any]:
+def decode_step(
+    module: Any,
+    cache: Cache,
+    state: dict[str, Any],
+    options: dict[str, Any],
+    structure: tuple,
+    do_sample: bool,
+) -> dict[str, Any]:
     """Choose new token ``state["step"]`` of every row: the program compiled once per bucket.
 
     ``state`` holds ``tokens`` ``[batch, capacity]``, ``step`` (0-d), ``finished`` ``[batch]``, ``valid``
@@ -231,16 +274,35 @@ def decode_step(module: Any, cache: Cache, state: dict[str, Any], options: dict[
     return {**state, "tokens": tokens, "step": step + 1, "finished": finished}
 
 
-def prefill(module: Any, cache: Cache, ids: Any, valid: Any, capacity: int, options: dict[str, Any], structure: tuple, do_sample: bool) -> dict[str, Any]:
+def prefill(
+    module: Any,
+    cache: Cache,
+    ids: Any,
+    valid: Any,
+    capacity: int,
+    options: dict[str, Any],
+    structure: tuple,
+    do_sample: bool,
+) -> dict[str, Any]:
     """Run the prompt, fill the cache, choose the first new token: the decode loop's first ``state``."""
     batch, length = ids.shape
     prompt_mask = valid[:, :length]
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
-    logits = _logits(module, cache, ids, positions, valid, torch.arange(length, device=ids.device), structure)
+    logits = _logits(
+        module, cache, ids, positions, valid, torch.arange(length, device=ids.device), structure
+    )
     zero = torch.zeros((), dtype=torch.long, device=ids.device)
-    token, finished = choose(logits, zero, torch.zeros(batch, dtype=torch.bool, device=ids.device), options, do_sample)
+    token, finished = choose(
+        logits, zero, torch.zeros(batch, dtype=torch.bool, device=ids.device), options, do_sample
+    )
     tokens = torch.cat([token.view(batch, 1), options["pad"].expand(batch, capacity - 1)], dim=1)
-    return {"tokens": tokens, "step": zero + 1, "finished": finished, "valid": valid, "seen": prompt_mask.sum(1)}
+    return {
+        "tokens": tokens,
+        "step": zero + 1,
+        "finished": finished,
+        "valid": valid,
+        "seen": prompt_mask.sum(1),
+    }
 
 
 def _options(s: dict[str, Any], device: Any) -> dict[str, Any]:
@@ -258,7 +320,9 @@ def _options(s: dict[str, Any], device: Any) -> dict[str, Any]:
     return {name: value.to(device) for name, value in host.items()}
 
 
-def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer: Any = None, **settings: Any) -> torch.Tensor:
+def generate(
+    model: Any, input_ids: Any, attention_mask: Any = None, *, streamer: Any = None, **settings: Any
+) -> torch.Tensor:
     """Continue ``input_ids`` (``[batch, length]``, left-padded when lengths differ) on the XLA device.
 
     Takes the JAX backend's arguments (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``,
@@ -293,7 +357,10 @@ def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer
     model.buckets.add(chosen)
     grow = chosen.prompt - wanted.prompt  # a larger bucket: more left padding, masked like the rest
     padded_ids = np.pad(padded_ids, ((0, 0), (grow, 0)), constant_values=s["pad_token_id"])
-    valid = np.concatenate([np.pad(padded_mask, ((0, 0), (grow, 0))), np.ones((chosen.batch, chosen.capacity), bool)], 1)
+    valid = np.concatenate(
+        [np.pad(padded_mask, ((0, 0), (grow, 0))), np.ones((chosen.batch, chosen.capacity), bool)],
+        1,
+    )
 
     structure = (
         tuple(sorted(masks.layer_windows(model.config).items())),
@@ -305,7 +372,16 @@ def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer
     with torch.no_grad(), in_out_weights(model, chosen.batch, chosen.capacity):
         ids_on_device = torch.from_numpy(padded_ids.astype(np.int64)).to(device)
         valid_on_device = torch.from_numpy(valid).to(device)
-        state = prefill(model.module, cache, ids_on_device, valid_on_device, chosen.capacity, options, structure, chosen.do_sample)
+        state = prefill(
+            model.module,
+            cache,
+            ids_on_device,
+            valid_on_device,
+            chosen.capacity,
+            options,
+            structure,
+            chosen.do_sample,
+        )
         torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
         for layer in cache.layers:
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
@@ -322,7 +398,9 @@ def generate(model: Any, input_ids: Any, attention_mask: Any = None, *, streamer
             if done >= max_new or bool(state["finished"].cpu().all()):
                 break
             for _ in range(min(STREAM_CHUNK, max_new - done)):
-                state = step_program(model.module, cache, state, options, structure, chosen.do_sample)
+                state = step_program(
+                    model.module, cache, state, options, structure, chosen.do_sample
+                )
                 if first_time and compile_seconds is None:
                     # A new bucket's prefill and first step trace Python (dynamo) and compile: count them whole.
                     state["step"].cpu()

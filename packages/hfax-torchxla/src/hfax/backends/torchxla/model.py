@@ -22,7 +22,9 @@ class TorchXlaModel(BackendModel):
       (see :mod:`hfax.backends.torchxla.generation`); ``model.last_generate_stats`` says what it cost.
     """
 
-    def __init__(self, module: torch.nn.Module, params: dict[str, torch.Tensor], **options: Any) -> None:
+    def __init__(
+        self, module: torch.nn.Module, params: dict[str, torch.Tensor], **options: Any
+    ) -> None:
         super().__init__(module, params, **options)
         #: The shape buckets this model compiled for ``generate``.
         self.buckets: set[generation.Bucket] = set()
@@ -46,12 +48,17 @@ class TorchXlaModel(BackendModel):
 
     def program(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` compiled once per model through the compile-step hook."""
-        return self.compiled(name, lambda: self._compile_step(fn, name=name, static_argnames=(), donate_argnames=()))
+        return self.compiled(
+            name, lambda: self._compile_step(fn, name=name, static_argnames=(), donate_argnames=())
+        )
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the forward on the XLA device. Arrays may be numpy or torch tensors on any device."""
         device = runtime.device()
-        inputs = {name: _to_device(value, device) for name, value in self.named_inputs(args, inputs).items()}
+        inputs = {
+            name: _to_device(value, device)
+            for name, value in self.named_inputs(args, inputs).items()
+        }
         with torch.no_grad():
             return self.program("forward", _forward)(self.module, inputs)
 

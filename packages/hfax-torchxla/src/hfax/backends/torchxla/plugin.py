@@ -14,7 +14,11 @@ NAME = "torch_xla"
 
 @hookimpl
 def hfax_backends() -> list[BackendSpec]:
-    return [BackendSpec(NAME, "hfax.backends.torchxla.backend:TorchXlaBackend", "PyTorch/XLA (TPU, GPU, CPU)")]
+    return [
+        BackendSpec(
+            NAME, "hfax.backends.torchxla.backend:TorchXlaBackend", "PyTorch/XLA (TPU, GPU, CPU)"
+        )
+    ]
 
 
 @hookimpl
@@ -40,7 +44,11 @@ def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[s
 
 @hookimpl
 def hfax_compile_step(
-    fn: Callable[..., Any], backend: str, name: str, static_argnames: tuple[str, ...], donate_argnames: tuple[str, ...]
+    fn: Callable[..., Any],
+    backend: str,
+    name: str,
+    static_argnames: tuple[str, ...],
+    donate_argnames: tuple[str, ...],
 ) -> Callable[..., Any] | None:
     """``torch.compile(fn, backend="openxla")``: dynamo traces the step once per shape and Python constants
     (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA program

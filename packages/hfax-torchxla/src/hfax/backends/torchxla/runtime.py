@@ -80,7 +80,9 @@ class Counters:
     fallbacks: dict[str, int]
 
     def __sub__(self, earlier: Counters) -> Counters:
-        fallbacks = {name: count - earlier.fallbacks.get(name, 0) for name, count in self.fallbacks.items()}
+        fallbacks = {
+            name: count - earlier.fallbacks.get(name, 0) for name, count in self.fallbacks.items()
+        }
         return Counters(
             self.compiles - earlier.compiles,
             self.compile_seconds - earlier.compile_seconds,
@@ -97,5 +99,9 @@ def counters() -> Counters:
     data = metrics.metric_data("CompileTime")
     compiles, nanoseconds = (data[0], data[1]) if data else (0, 0.0)
     compiles += metrics.counter_value("PersistentCacheHit") or 0
-    fallbacks = {name: metrics.counter_value(name) or 0 for name in metrics.counter_names() if name.startswith("aten::")}
+    fallbacks = {
+        name: metrics.counter_value(name) or 0
+        for name in metrics.counter_names()
+        if name.startswith("aten::")
+    }
     return Counters(compiles, nanoseconds / 1e9, fallbacks)

@@ -28,7 +28,9 @@ def make_mesh(**axis_sizes: int) -> xs.Mesh:
     """
     unknown = set(axis_sizes) - set(MESH_AXES)
     if unknown or not axis_sizes:
-        raise ValueError(f"mesh axes must be among {MESH_AXES}, got {sorted(axis_sizes) or 'none'}; e.g. make_mesh(model=4)")
+        raise ValueError(
+            f"mesh axes must be among {MESH_AXES}, got {sorted(axis_sizes) or 'none'}; e.g. make_mesh(model=4)"
+        )
     runtime.start(spmd=True)
     count = xr.global_runtime_device_count()
     total = int(np.prod(list(axis_sizes.values())))
