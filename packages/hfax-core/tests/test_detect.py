@@ -32,7 +32,7 @@ def test_equal_claims_by_different_families_are_rejected(install, family_plugin)
         hfax.detect_family(transformers.LlamaConfig())
     message = str(raised.value)
     assert "'llama'" in message
-    assert "'fam_a' (plugin 'a')" in message and "'fam_b' (plugin 'b')" in message
+    assert "'fam_a' (plugin 'hfax-a:a')" in message and "'fam_b' (plugin 'hfax-b:b')" in message
     assert "HFAX_BLOCK_PLUGINS" in message and "hfax.Claim" in message
 
 

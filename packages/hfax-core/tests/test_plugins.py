@@ -70,7 +70,7 @@ def test_broken_plugin_is_skipped_with_a_warning(
     message = str(warning.message)
     assert "hfax-broken" in message  # the distribution
     assert "RuntimeError: this plugin is broken on purpose" in message  # the error
-    assert "HFAX_BLOCK_PLUGINS=broken" in message  # how to disable it
+    assert "HFAX_BLOCK_PLUGINS=hfax-broken:broken" in message  # how to disable it
     assert infos["broken"].status == "failed" and "broken on purpose" in infos["broken"].error
     # ... and the rest keeps working.
     assert infos["good"].status == "loaded"
@@ -108,17 +108,99 @@ def test_plugin_whose_hook_raises_is_unregistered(install, monkeypatch):
     assert hfax.detect_family(transformers.LlamaConfig()) == "generic"
 
 
-def test_duplicate_plugin_names_are_reported(install, family_plugin):
+def test_plugins_are_identified_by_distribution_and_name(install, family_plugin, monkeypatch):
+    # A third party naming its entry point like another distribution's does not displace it.
     install("hfax-first", {"dup": "first_family"}, {"first_family": family_plugin("first")})
-    install("hfax-second", {"dup": "second_family"}, {"second_family": family_plugin("second")})
-    with pytest.warns(
-        PluginLoadWarning, match="'dup' is already taken by distribution 'hfax-first'"
-    ):
-        infos = plugins.plugin_infos()
-    assert [(info.distribution, info.status) for info in infos if info.name == "dup"] == [
-        ("hfax-first", "loaded"),
-        ("hfax-second", "failed"),
+    install("aaa-second", {"dup": "second_family"}, {"second_family": family_plugin("second")})
+    monkeypatch.setenv("HFAX_PLUGINS", "dup")
+    infos = plugins.plugin_infos()
+    assert [(info.id, info.status) for info in infos if info.name == "dup"] == [
+        ("aaa-second:dup", "loaded"),
+        ("hfax-first:dup", "loaded"),
     ]
+    assert {"first", "second"} <= set(plugins.families())
+    # Blocking says which: distribution:name blocks one, a bare name every distribution's.
+    monkeypatch.setenv("HFAX_BLOCK_PLUGINS", "aaa-second:dup")
+    plugins.reset_plugins()
+    assert [(info.id, info.status) for info in plugins.plugin_infos() if info.name == "dup"] == [
+        ("aaa-second:dup", "blocked"),
+        ("hfax-first:dup", "loaded"),
+    ]
+    assert "second" not in plugins.families()
+    monkeypatch.setenv("HFAX_BLOCK_PLUGINS", "dup")
+    plugins.reset_plugins()
+    assert {info.status for info in plugins.plugin_infos() if info.name == "dup"} == {"blocked"}
+
+
+RAISING_HOOKS = """
+    import hfax
+
+    @hfax.hookimpl
+    def hfax_detect_model(config):
+        raise KeyError("detect failed on purpose")
+
+    @hfax.hookimpl
+    def hfax_patch_model(model, family, backend, patcher):
+        patcher.setattr(model.config, "halfway", True)
+        raise KeyError("patch failed on purpose")
+"""
+
+
+def test_a_hook_that_raises_at_run_time_is_named_and_skipped(install, family_plugin, monkeypatch):
+    install("hfax-raising", {"raising": "raising_hooks"}, {"raising_hooks": RAISING_HOOKS})
+    install("hfax-good", {"good": "good_family"}, {"good_family": family_plugin("good")})
+    monkeypatch.setenv("HFAX_PLUGINS", "raising,good")
+    config = transformers.LlamaConfig()
+    with pytest.warns(plugins.PluginHookWarning) as caught:
+        assert hfax.detect_family(config) == "good"
+    (warning,) = caught
+    assert "'hfax-raising:raising': hfax_detect_model raised KeyError" in str(warning.message)
+    assert "HFAX_BLOCK_PLUGINS=hfax-raising:raising" in str(warning.message)
+
+    class Model:
+        pass
+
+    model = Model()
+    model.config = transformers.LlamaConfig()
+    hook = plugins.get_plugin_manager().hook
+    with pytest.warns(plugins.PluginHookWarning, match="hfax_patch_model raised KeyError"):
+        hook.hfax_patch_model(
+            model=model, family="good", backend="jax", patcher=hfax.Patcher(model)
+        )
+    assert not hasattr(model.config, "halfway")  # what it patched before failing is undone
+
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    with pytest.raises(plugins.PluginHookError, match="detect failed on purpose") as raised:
+        hfax.detect_family(config)
+    assert isinstance(raised.value.__cause__, KeyError)
+
+
+WRONG_TYPES = """
+    import hfax
+
+    @hfax.hookimpl
+    def hfax_sharding_plan(model, config, family):
+        return "column-parallel everything"
+
+    @hfax.hookimpl
+    def hfax_detect_model(config):
+        return 42
+"""
+
+
+def test_a_hook_returning_the_wrong_type_is_named(install, monkeypatch):
+    install("hfax-wrong", {"wrong": "wrong_types"}, {"wrong_types": WRONG_TYPES})
+    monkeypatch.setenv("HFAX_PLUGINS", "wrong")
+    config = transformers.LlamaConfig()
+    hook = plugins.get_plugin_manager().hook
+    with pytest.warns(plugins.PluginHookWarning, match="hfax_sharding_plan returned str"):
+        plan = hook.hfax_sharding_plan(model=object(), config=config, family="generic")
+    assert isinstance(plan, hfax.ShardingPlan)  # core's default plan instead
+    with pytest.warns(plugins.PluginHookWarning, match="'hfax-wrong:wrong': hfax_detect_model"):
+        assert hfax.detect_family(config) == "generic"
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    with pytest.raises(plugins.PluginHookError, match="hfax_sharding_plan returned str"):
+        hook.hfax_sharding_plan(model=object(), config=config, family="generic")
 
 
 def test_disable_plugins(install, family_plugin, monkeypatch):

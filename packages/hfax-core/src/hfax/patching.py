@@ -73,6 +73,11 @@ class Patcher:
         """Replace method ``name`` of one instance with ``function(self, ...)``."""
         self.setattr(target, name, types.MethodType(function, target))
 
+    def undo(self, keep: int) -> None:
+        """Undo the changes after the first ``keep``, newest first (a plugin that failed halfway)."""
+        while len(self._changes) > keep:
+            _restore(self._changes.pop())
+
     @property
     def patched(self) -> list[tuple[Any, str]]:
         """``(target, attribute)`` for every change in force, oldest first."""
@@ -83,10 +88,13 @@ def unpatch(model: Any) -> None:
     """Undo every hfax patch on ``model``, newest first, restoring the original objects."""
     changes: list[_Change] = vars(model).get(_RECORD, [])
     while changes:
-        change = changes.pop()
-        if change.owned:
-            setattr(change.target, change.name, change.original)
-        elif change.name in getattr(change.target, "_modules", {}) or change.name in vars(
-            change.target
-        ):
-            delattr(change.target, change.name)
+        _restore(changes.pop())
+
+
+def _restore(change: _Change) -> None:
+    if change.owned:
+        setattr(change.target, change.name, change.original)
+    elif change.name in getattr(change.target, "_modules", {}) or change.name in vars(
+        change.target
+    ):
+        delattr(change.target, change.name)

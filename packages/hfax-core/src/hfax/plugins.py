@@ -9,28 +9,47 @@ Environment switches, read when plugins are first loaded:
 ``HFAX_DISABLE_PLUGINS=1``
     load no entry-point plugins at all (core's built-in defaults stay).
 ``HFAX_PLUGINS=jax,llama``
-    load only these entry-point names.
+    load only these entry points.
 ``HFAX_BLOCK_PLUGINS=broken``
-    load every entry point except these names.
+    load every entry point except these.
 ``HFAX_STRICT_PLUGINS=1``
-    a plugin that fails to load raises :class:`PluginLoadError`.
+    a plugin that fails to load raises :class:`PluginLoadError`, one whose hook fails raises
+    :class:`PluginHookError`.
+
+A plugin is identified by its distribution and entry-point name, ``hfax-patches-llama:llama``: another
+distribution whose entry point is also called ``llama`` is another plugin and cannot displace it. The
+switches take either form; a bare name means every distribution's entry point of that name.
+
+Hook calls are isolated at run time as loading is: an implementation of :data:`ISOLATED_HOOKS` that
+raises, or any implementation that returns a value of the wrong type (checked against the hook spec's
+annotation), is reported with the plugin's name and skipped (patches it made halfway are undone), or
+raises :class:`PluginHookError` in strict mode.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 import importlib.metadata
+import logging
 import os
 import threading
+import types
+import typing
 import warnings
 from typing import Any
 
 import pluggy
 
 from hfax import _builtin, hookspecs
-from hfax.registry import BackendSpec, Claim, FamilySpec
+from hfax.patching import Patcher
+from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
+
+log = logging.getLogger("hfax")
 
 ENTRY_POINT_GROUP = "hfax"
+IN_CODE = "(registered in code)"
 GENERIC_FAMILY = "generic"
 
 
@@ -40,6 +59,27 @@ class PluginLoadWarning(UserWarning):
 
 class PluginLoadError(RuntimeError):
     """A plugin failed to load in strict mode (``HFAX_STRICT_PLUGINS=1``); the cause is chained."""
+
+
+class PluginHookWarning(UserWarning):
+    """A plugin's hook implementation failed at run time and was skipped."""
+
+
+class PluginHookError(RuntimeError):
+    """A plugin's hook implementation failed in strict mode (``HFAX_STRICT_PLUGINS=1``)."""
+
+
+#: Hooks whose failing implementation can be skipped: the others' failures (a backend placing weights
+#: or compiling) are the user's errors and propagate unchanged.
+ISOLATED_HOOKS = frozenset(
+    {
+        "hfax_backends",
+        "hfax_families",
+        "hfax_detect_model",
+        "hfax_sharding_plan",
+        "hfax_patch_model",
+    }
+)
 
 
 class PluginConflictError(RuntimeError):
@@ -58,6 +98,13 @@ class PluginInfo:
     backends: tuple[str, ...] = ()
     families: tuple[str, ...] = ()
 
+    @property
+    def id(self) -> str:
+        """``distribution:name``: what the plugin manager registers it as and the switches accept."""
+        if self.status == "builtin" or self.distribution == IN_CODE:
+            return self.name
+        return f"{self.distribution}:{self.name}"
+
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
@@ -68,6 +115,11 @@ def _names(name: str) -> set[str] | None:
     if raw is None:
         return None
     return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _named(info: PluginInfo, names: set[str]) -> bool:
+    """Whether a switch's ``names`` pick ``info``: by ``distribution:name``, or by a bare name."""
+    return info.id in names or info.name in names
 
 
 def strict() -> bool:
@@ -100,9 +152,6 @@ class _Plugins:
         core = PluginInfo("hfax-core", "hfax-core", _version("hfax-core"), "builtin")
         core.backends, core.families = _provides(pm, _builtin)
         infos = [core]
-        taken = {
-            core.name: core.distribution
-        }  # plugin name -> the distribution whose plugin holds it
         only, blocked = _names("HFAX_PLUGINS"), _names("HFAX_BLOCK_PLUGINS") or set()
         disabled = _flag("HFAX_DISABLE_PLUGINS")
         entry_points = sorted(
@@ -112,26 +161,26 @@ class _Plugins:
         for ep in entry_points:
             dist = ep.dist.name if ep.dist else "?"
             info = PluginInfo(ep.name, dist, ep.dist.version if ep.dist else "?", "loaded")
-            if ep.name in taken:
-                _failed(
-                    info,
-                    f"entry-point name {ep.name!r} is already taken by distribution {taken[ep.name]!r}",
-                )
-            elif disabled or (only is not None and ep.name not in only) or ep.name in blocked:
+            if disabled or (only is not None and not _named(info, only)) or _named(info, blocked):
+                pm.set_blocked(info.id)
+            if pm.is_blocked(info.id):
                 info.status = "blocked"
             else:
                 try:
                     plugin = ep.load()
-                    pm.register(plugin, name=ep.name)
+                    pm.register(plugin, name=info.id)
                     try:
                         info.backends, info.families = _provides(pm, plugin)
                     except Exception:
                         pm.unregister(plugin)
                         raise
-                    taken[ep.name] = dist
+                    _guard_hooks(pm, plugin, info.id)
                 except Exception as error:
                     _failed(info, f"{type(error).__name__}: {error}", error)
             infos.append(info)
+        named_blocks = [info.id for info in infos if _named(info, blocked)]
+        if named_blocks:  # a bare name may block several distributions' plugins: say which
+            log.info("hfax: HFAX_BLOCK_PLUGINS blocks %s", ", ".join(named_blocks))
         self.infos = infos
         return pm
 
@@ -140,12 +189,87 @@ def _failed(info: PluginInfo, error: str, cause: Exception | None = None) -> Non
     """Report a plugin that could not be loaded: raise in strict mode, else warn and mark it failed."""
     message = (
         f"hfax plugin {info.name!r} from distribution {info.distribution!r} failed to load and was skipped "
-        f"({error}). Disable it with HFAX_BLOCK_PLUGINS={info.name} or uninstall {info.distribution}."
+        f"({error}). Disable it with HFAX_BLOCK_PLUGINS={info.id} or uninstall {info.distribution}."
     )
     if strict():
         raise PluginLoadError(message) from cause
     info.status, info.error = "failed", error
     warnings.warn(message, PluginLoadWarning, stacklevel=5)
+
+
+def _guard_hooks(pm: pluggy.PluginManager, plugin: Any, plugin_id: str) -> None:
+    """Isolate each of ``plugin``'s hook implementations (pluggy stops a hook call at the first
+    implementation that raises, so the isolation wraps each implementation rather than the call)."""
+    for caller in pm.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and not impl.hookwrapper and not impl.wrapper:
+                impl.function = _guarded(impl.function, caller.name, plugin_id)
+
+
+def _guarded(function: Any, hook: str, plugin_id: str) -> Any:
+    expected = _return_type(hook)
+
+    @functools.wraps(function)
+    def guarded(*args: Any) -> Any:
+        patcher = next((arg for arg in args if isinstance(arg, Patcher)), None)
+        keep = len(patcher.patched) if patcher is not None else 0
+        try:
+            result = function(*args)
+        except Exception as error:
+            if hook not in ISOLATED_HOOKS:
+                raise
+            if patcher is not None:
+                patcher.undo(keep)
+            return _hook_failed(plugin_id, hook, f"raised {type(error).__name__}: {error}", error)
+        if not _conforms(result, expected):
+            problem = f"returned {type(result).__name__} {result!r:.80}, not {_type_text(expected)}"
+            if hook not in ISOLATED_HOOKS:
+                raise PluginHookError(f"hfax plugin {plugin_id!r}: {hook} {problem}")
+            return _hook_failed(plugin_id, hook, problem)
+        return result
+
+    return guarded
+
+
+def _hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | None = None) -> None:
+    """Report a failed hook implementation: raise in strict mode, else warn; its answer is skipped."""
+    message = (
+        f"hfax plugin {plugin_id!r}: {hook} {problem}; its answer was skipped. Fix or upgrade the "
+        f"plugin, or disable it with HFAX_BLOCK_PLUGINS={plugin_id}."
+    )
+    if strict():
+        raise PluginHookError(message) from cause
+    warnings.warn(message, PluginHookWarning, stacklevel=4)
+
+
+@functools.cache
+def _return_type(hook: str) -> Any:
+    """The return annotation of hook spec ``hook``."""
+    names = {"Patcher": Patcher, "BackendSpec": BackendSpec, "Claim": Claim}
+    names.update(FamilySpec=FamilySpec, Layout=Layout, ShardingPlan=ShardingPlan)
+    return typing.get_type_hints(getattr(hookspecs, hook), localns=names).get("return", Any)
+
+
+def _conforms(value: Any, expected: Any) -> bool:
+    """Whether ``value`` fits annotation ``expected`` (unions, ``None``, lists, callables, classes)."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is Any:
+        return True
+    if expected is None or expected is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(item, args[0]) for item in value)
+    if origin is collections.abc.Callable:
+        return callable(value)
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return True
+
+
+def _type_text(expected: Any) -> str:
+    return getattr(expected, "__name__", None) or str(expected).replace("hfax.registry.", "")
 
 
 def _ask(pm: pluggy.PluginManager, plugin: Any, hook: str) -> list[Any]:
@@ -180,6 +304,18 @@ def plugin_infos() -> list[PluginInfo]:
     return list(_plugins.infos)
 
 
+def loaded_plugins() -> list[tuple[str, str, str, Any]]:
+    """``(name, distribution, version, plugin object)`` of every registered plugin, in a stable order."""
+    infos = {info.id: info for info in plugin_infos()}
+    found = []
+    for name, plugin in get_plugin_manager().list_name_plugin():
+        info = infos.get(name)
+        found.append(
+            (name, info.distribution if info else "?", info.version if info else "?", plugin)
+        )
+    return sorted(found, key=lambda item: item[:3])
+
+
 def reset_plugins() -> None:
     """Forget loaded plugins so the next use reloads them (and re-reads the environment switches)."""
     _plugins.reset()
@@ -190,10 +326,9 @@ def register(plugin: Any, name: str | None = None) -> None:
     pm = get_plugin_manager()
     pm.register(plugin, name=name)
     backends, families = _provides(pm, plugin)
+    _guard_hooks(pm, plugin, pm.get_name(plugin) or "?")
     _plugins.infos.append(
-        PluginInfo(
-            pm.get_name(plugin) or "?", "(registered in code)", "", "loaded", "", backends, families
-        )
+        PluginInfo(pm.get_name(plugin) or "?", IN_CODE, "", "loaded", "", backends, families)
     )
 
 
