@@ -15,8 +15,13 @@ def _enable_compilation_cache() -> None:
     """Keep compiled programs on disk so a second process does not compile again (unless the user chose a dir)."""
     if jax.config.jax_compilation_cache_dir or os.environ.get("HFAX_NO_COMPILATION_CACHE"):
         return
+    from hfax.backends.jax.programs import make_private_dir
     from hfax.demo import cache_dir
 
+    try:  # programs in the cache run as the user's code: only the user may write them
+        make_private_dir(cache_dir() / "jax")
+    except OSError:  # JAX and programs.py each warn that they cannot use it, and run without it
+        pass
     jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
     # CPU programs compile in about a second; cache them all, not only the slow ones.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
+from hfax import validation
 from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
@@ -97,8 +97,10 @@ class JaxModel(BackendModel):
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
+        inputs = self.named_inputs(args, inputs)
+        validation.check_forward_inputs(inputs, validation.vocab_size(self.module))
         arrays, static = {}, {}
-        for name, value in self.named_inputs(args, inputs).items():
+        for name, value in inputs.items():
             if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
                 arrays[name] = as_jax(value)
             else:

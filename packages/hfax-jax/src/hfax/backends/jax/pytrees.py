@@ -9,6 +9,7 @@ them and, for those already imported, when the backend loads.
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from typing import Any
 
@@ -96,6 +97,13 @@ def register(cls: type) -> None:
         if issubclass(cls, ModelOutput):
             jax.tree_util.register_pytree_node(
                 cls, _flatten_output, lambda keys, children: cls(**dict(zip(keys, children)))
+            )
+            # Its field names serialize, so programs returning it can be kept on disk (programs.py).
+            jax.export.register_pytree_node_serialization(
+                cls,
+                serialized_name=f"{cls.__module__}.{cls.__qualname__}",
+                serialize_auxdata=lambda keys: json.dumps(keys).encode(),
+                deserialize_auxdata=lambda data: tuple(json.loads(data)),
             )
         elif issubclass(cls, CACHE_TYPES):
             jax.tree_util.register_pytree_node(cls, _flatten_object, _unflatten_object(cls))
