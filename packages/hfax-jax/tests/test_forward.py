@@ -3,6 +3,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 IDS = np.array([[1, 5, 9, 23, 7, 3, 44, 101], [1, 17, 2, 8, 90, 64, 33, 12]])
@@ -92,3 +93,34 @@ def test_a_returned_recurrent_cache_is_a_pytree_of_arrays(tiny):
     with torch.no_grad():
         expected = ref(input_ids=torch.as_tensor(IDS)).logits.numpy()
     np.testing.assert_allclose(out.logits, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "ids, error, match",
+    [
+        (np.array([[1, -1, 3]]), IndexError, "token id -1, outside the vocabulary"),
+        (np.array([[1, 128, 3]]), IndexError, "token id 128, outside the vocabulary"),
+        (np.zeros((1, 0), np.int64), ValueError, "input_ids is empty"),
+        (np.array([[True, False]]), TypeError, "integer token ids, got dtype bool"),
+        (
+            np.ones((1, 2, 3), np.int64),
+            ValueError,
+            r"shape \(batch, length\), got shape \(1, 2, 3\)",
+        ),
+        ([[1, 2, 3]], TypeError, "must be an array"),
+    ],
+)
+def test_the_forward_refuses_ids_pytorch_refuses(tiny, ids, error, match):
+    _, reference, model = tiny("gpt2")
+    assert reference.config.vocab_size == 128
+    with pytest.raises(error, match=match):
+        model(ids)
+    if error is IndexError:  # PyTorch's embedding raises too, where a compiled gather would not
+        with pytest.raises(IndexError):
+            reference(torch.tensor(ids))
+
+
+def test_the_forward_refuses_a_mask_of_another_shape(tiny):
+    _, _, model = tiny("gpt2")
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\) but input_ids has"):
+        model(input_ids=np.array([[1, 2, 3]]), attention_mask=np.ones((1, 2), np.int64))

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-
+from hfax import validation
 from hfax.backends.torchxla import generation, runtime, sharding
 from hfax.model import BackendModel
 
@@ -55,10 +55,9 @@ class TorchXlaModel(BackendModel):
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the forward on the XLA device. Arrays may be numpy or torch tensors on any device."""
         device = runtime.device()
-        inputs = {
-            name: _to_device(value, device)
-            for name, value in self.named_inputs(args, inputs).items()
-        }
+        inputs = self.named_inputs(args, inputs)
+        validation.check_forward_inputs(inputs, validation.vocab_size(self.module))
+        inputs = {name: _to_device(value, device) for name, value in inputs.items()}
         with torch.no_grad():
             return self.program("forward", _forward)(self.module, inputs)
 
