@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import warnings
@@ -73,8 +74,19 @@ def _resolve_model_class(config: Any, auto_class: str | None) -> Any:
         return getattr(transformers, auto_class)
     for architecture in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, architecture, None)
-        if cls is not None:
-            return cls
+        if cls is None:
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+            raise ValueError(
+                f"config.architectures names {architecture!r}, which is not a transformers model "
+                "class; fix the checkpoint's config.json, or load it with a task class such as "
+                "hfax.AutoModelForCausalLM"
+            )
+        return cls
+    auto_map = getattr(config, "auto_map", None) or {}
+    for name in ("AutoModelForCausalLM", "AutoModel"):
+        if name in auto_map:  # the checkpoint's own code: built when trust_remote_code=True
+            return getattr(transformers, name)
     from transformers.models.auto import modeling_auto
 
     if config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -152,10 +164,11 @@ class AutoModelForTPU:
 
             name_or_path = default_model()
         config_kwargs = {
-            key: hf_kwargs[key]
-            for key in ("gguf_file", "revision", "trust_remote_code")
-            if key in hf_kwargs
+            key: hf_kwargs[key] for key in ("gguf_file", "revision") if key in hf_kwargs
         }
+        # Always said, never left to transformers' [y/N] prompt: without the flag no remote code runs.
+        trust = bool(hf_kwargs.get("trust_remote_code", False))
+        config_kwargs["trust_remote_code"] = trust
         config = transformers.AutoConfig.from_pretrained(name_or_path, **config_kwargs)
         family = plugins.detect_family(config)
         check_family_version(family)
@@ -164,7 +177,7 @@ class AutoModelForTPU:
             name_or_path,
             model_class,
             family,
-            _meta_model(model_class, config, hf_kwargs.get("dtype")),
+            _meta_model(model_class, config, hf_kwargs.get("dtype"), trust),
         )
 
     @classmethod
@@ -176,10 +189,13 @@ class AutoModelForTPU:
         return _finish(model, engine, backend, family, mesh)
 
 
-def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:
+def _meta_model(
+    model_class: Any, config: Any, dtype: Any = None, trust_remote_code: bool = False
+) -> Any:
     """``model_class`` built from ``config`` on torch's ``meta`` device: names, shapes and dtypes, no memory.
 
-    ``dtype`` is ``from_pretrained``'s (``None`` or ``"auto"``: the checkpoint's, from the config).
+    ``dtype`` is ``from_pretrained``'s (``None`` or ``"auto"``: the checkpoint's, from the config). An auto
+    class builds the checkpoint's own code only with ``trust_remote_code``, as its ``from_pretrained`` does.
     """
     import torch
 
@@ -188,7 +204,9 @@ def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:
         if dtype in (None, "auto")
         else {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
     )
-    build = getattr(model_class, "_from_config", None) or model_class.from_config
+    build = getattr(model_class, "_from_config", None)
+    if build is None:  # an auto class
+        build = functools.partial(model_class.from_config, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         return build(config, **kwargs)
 
