@@ -36,6 +36,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 import tempfile
 import types
 from collections.abc import Callable
@@ -158,11 +159,12 @@ def _transformers_digest(memo_dir: Path | None) -> str:
 
 
 def _code_root(module: types.ModuleType) -> Path | None:
-    """The folder of the outermost regular package ``module`` belongs to, or its file if it has none."""
+    """The folder of the outermost one-folder package ``module`` belongs to, or its file if none."""
     parts = module.__name__.split(".")
     for depth in range(1, len(parts) + 1):
-        package = importlib.import_module(".".join(parts[:depth]))
-        if getattr(package, "__file__", None) and hasattr(package, "__path__"):
+        package = sys.modules.get(".".join(parts[:depth]))
+        # a package spread over several folders (hfax itself, extend_path) is not one package's code
+        if getattr(package, "__file__", None) and len(getattr(package, "__path__", ())) == 1:
             return Path(package.__file__).parent
     file = getattr(module, "__file__", None)
     return Path(file) if file else None
