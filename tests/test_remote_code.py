@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import numpy as np
 import pytest
@@ -38,7 +39,9 @@ class ProbeForCausalLM(GPT2LMHeadModel):
 @pytest.fixture
 def checkpoint(tmp_path, monkeypatch):
     """A GPT-2 checkpoint re-labelled as a custom model type whose classes live in its folder."""
-    folder = tmp_path / "probe"
+    folder = (
+        tmp_path / f"probe{uuid.uuid4().hex[:8]}"
+    )  # transformers imports remote code once per name
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64)
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
