@@ -94,7 +94,10 @@ def checkpoint(tmp_path):
     from hfax.testing import save_tiny
 
     save_tiny(
-        transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64), tmp_path / "m"
+        transformers.GPT2Config(
+            n_embd=32, n_layer=2, n_head=2, vocab_size=64, bos_token_id=1, eos_token_id=2
+        ),
+        tmp_path / "m",
     )
     return tmp_path / "m"
 

@@ -423,6 +423,9 @@ def _load(path: Path, digest: str) -> Any:
     except OSError as error:
         _warn_unusable(path, error)
         return None
+    from hfax.backends.jax import pytrees
+
+    pytrees.register_loaded()  # the output types the model's classes brought, named in the program
     try:
         return jax.export.deserialize(bytearray(_payload(data, digest)))
     except Exception as error:  # a damaged file the checksum missed, or a foreign one
