@@ -16,7 +16,6 @@ Tiny models are built from transformers config classes with random weights, save
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import os
 import re
@@ -326,51 +325,3 @@ def assert_same_logits(
         actual[real], expected[real], atol=atol, rtol=0, err_msg="logits differ from PyTorch"
     )
     return actual
-
-
-@dataclasses.dataclass
-class Interrupted:
-    """What :func:`interrupt_when_ready` saw: seconds from SIGINT to exit, exit status and output."""
-
-    seconds: float
-    returncode: int
-    output: str
-
-
-def interrupt_when_ready(
-    script: str, *args: str, ready: str = "ready", delay: float = 0.5, timeout: float = 300
-) -> Interrupted:
-    """Run ``script`` in a new Python process; once it prints the line ``ready``, wait ``delay`` seconds,
-    press Ctrl-C (SIGINT) and time how long the process takes to exit.
-
-    The script should print ``ready`` (flushed) just before the call whose interruptibility is measured,
-    and something else after it, so a test can tell an interrupted call from one that finished first."""
-    import signal
-    import subprocess
-    import time
-
-    process = subprocess.Popen(
-        [sys.executable, "-u", "-c", script, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            if line.strip() == ready:
-                break
-        else:
-            process.wait(timeout)
-            raise RuntimeError(f"the script exited without printing {ready!r}:\n{''.join(lines)}")
-        time.sleep(delay)
-        process.send_signal(signal.SIGINT)
-        start = time.monotonic()
-        rest, _ = process.communicate(timeout=timeout)
-        seconds = time.monotonic() - start
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return Interrupted(seconds, process.returncode, "".join(lines) + rest)
