@@ -50,7 +50,7 @@ def test_broken_plugin_does_not_stop_automodel(tiny_llama, broken_plugin, monkey
 
 def test_strict_mode_refuses_to_run_with_a_broken_plugin(tiny_llama, broken_plugin, monkeypatch):
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
-    with pytest.raises(PluginLoadError, match="HFAX_BLOCK_PLUGINS=broken"):
+    with pytest.raises(PluginLoadError, match="HFAX_BLOCK_PLUGINS=hfax-broken:broken"):
         hfax.AutoModelForTPU.from_pretrained(str(tiny_llama[0]), backend="jax")
 
 

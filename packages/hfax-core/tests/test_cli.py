@@ -38,7 +38,7 @@ def test_plugins_lists_every_plugin_with_its_status(
     ].endswith("backend fake")
     assert lines["blocked"].split()[1:4] == ["hfax-blocked", "0.0.0", "blocked"]
     assert (
-        "error: RuntimeError: this plugin is broken on purpose (disable with HFAX_BLOCK_PLUGINS=broken)"
+        "error: RuntimeError: this plugin is broken on purpose (disable with HFAX_BLOCK_PLUGINS=hfax-broken:broken)"
         in output
     )
 

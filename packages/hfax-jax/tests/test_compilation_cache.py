@@ -90,6 +90,7 @@ def test_no_compilation_cache_keeps_no_traced_programs(run_twice, tmp_path):
 def test_the_key_follows_what_the_trace_depends_on(tmp_path):
     import torch
     import transformers
+
     from hfax.backends.jax import programs
 
     def llama(**overrides):
@@ -164,9 +165,10 @@ def _gpt2(tiny, **overrides):
 
 @pytest.mark.parametrize("swap", ["module", "instance forward"])
 def test_a_modified_model_and_the_plain_one_do_not_share_programs(tiny, own_cache, swap):
-    import hfax
     import torch
     import transformers
+
+    import hfax
 
     directory, reference, _ = tiny("gpt2")
     modified = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
@@ -183,9 +185,10 @@ def test_a_modified_model_and_the_plain_one_do_not_share_programs(tiny, own_cach
 
 
 def test_a_model_holding_code_without_a_source_file_is_not_kept_on_disk(tiny, own_cache):
-    import hfax
     import torch
     import transformers
+
+    import hfax
 
     directory, _, _ = tiny("gpt2")
     modified = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
@@ -260,6 +263,7 @@ def test_the_key_ignores_where_the_checkpoint_lies(tiny, tmp_path):
     import shutil
 
     import transformers
+
     from hfax.backends.jax import programs
 
     directory, _, _ = tiny("gpt2")
@@ -274,6 +278,7 @@ def test_the_key_ignores_where_the_checkpoint_lies(tiny, tmp_path):
 
 def test_the_key_follows_the_jax_flags_that_change_numerics(tiny):
     import transformers
+
     from hfax.backends.jax import programs
 
     directory, _, _ = tiny("gpt2")

@@ -163,7 +163,7 @@ class AutoModelForTPU:
             from hfax.demo import default_model
 
             name_or_path = default_model()
-        config_kwargs = {
+        config_kwargs: dict[str, Any] = {
             key: hf_kwargs[key] for key in ("gguf_file", "revision") if key in hf_kwargs
         }
         # Always said, never left to transformers' [y/N] prompt: without the flag no remote code runs.

@@ -37,7 +37,7 @@ def plugins_command() -> None:
         )
         if info.error:
             typer.echo(
-                f"{'':<{widths[0]}}  error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.name})"
+                f"{'':<{widths[0]}}  error: {info.error} (disable with HFAX_BLOCK_PLUGINS={info.id})"
             )
 
 

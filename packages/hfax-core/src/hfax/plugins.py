@@ -167,14 +167,13 @@ class _Plugins:
                 info.status = "blocked"
             else:
                 try:
-                    plugin = ep.load()
+                    plugin = _Isolated(pm, ep.load(), info.id)
                     pm.register(plugin, name=info.id)
                     try:
                         info.backends, info.families = _provides(pm, plugin)
                     except Exception:
                         pm.unregister(plugin)
                         raise
-                    _guard_hooks(pm, plugin, info.id)
                 except Exception as error:
                     _failed(info, f"{type(error).__name__}: {error}", error)
             infos.append(info)
@@ -197,13 +196,21 @@ def _failed(info: PluginInfo, error: str, cause: Exception | None = None) -> Non
     warnings.warn(message, PluginLoadWarning, stacklevel=5)
 
 
-def _guard_hooks(pm: pluggy.PluginManager, plugin: Any, plugin_id: str) -> None:
-    """Isolate each of ``plugin``'s hook implementations (pluggy stops a hook call at the first
-    implementation that raises, so the isolation wraps each implementation rather than the call)."""
-    for caller in pm.get_hookcallers(plugin) or ():
-        for impl in caller.get_hookimpls():
-            if impl.plugin is plugin and not impl.hookwrapper and not impl.wrapper:
-                impl.function = _guarded(impl.function, caller.name, plugin_id)
+class _Isolated:
+    """What hfax registers for a plugin: its hook implementations, each isolated by :func:`_guarded`.
+
+    pluggy stops a hook call at the first implementation that raises, so isolation must wrap each
+    implementation, not the call; the plugin object itself is left as it is."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugin: Any, plugin_id: str) -> None:
+        self.hfax_plugin = plugin
+        for name in dir(plugin):
+            options = pm.parse_hookimpl_opts(plugin, name)
+            if options is None:
+                continue
+            function = getattr(plugin, name)
+            wraps = options.get("wrapper") or options.get("hookwrapper")
+            setattr(self, name, function if wraps else _guarded(function, name, plugin_id))
 
 
 def _guarded(function: Any, hook: str, plugin_id: str) -> Any:
@@ -274,7 +281,9 @@ def _type_text(expected: Any) -> str:
 
 def _ask(pm: pluggy.PluginManager, plugin: Any, hook: str) -> list[Any]:
     impls = [impl for impl in getattr(pm.hook, hook).get_hookimpls() if impl.plugin is plugin]
-    return [item for impl in impls for item in (impl.function() or [])]
+    # the implementation itself, not its isolation: a plugin that fails here fails to load
+    functions = [getattr(impl.function, "__wrapped__", impl.function) for impl in impls]
+    return [item for function in functions for item in (function() or [])]
 
 
 def _provides(pm: pluggy.PluginManager, plugin: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -310,6 +319,7 @@ def loaded_plugins() -> list[tuple[str, str, str, Any]]:
     found = []
     for name, plugin in get_plugin_manager().list_name_plugin():
         info = infos.get(name)
+        plugin = getattr(plugin, "hfax_plugin", plugin)  # the plugin itself, not its _Isolated
         found.append(
             (name, info.distribution if info else "?", info.version if info else "?", plugin)
         )
@@ -324,9 +334,9 @@ def reset_plugins() -> None:
 def register(plugin: Any, name: str | None = None) -> None:
     """Register a plugin object directly, without an entry point (tests, notebooks)."""
     pm = get_plugin_manager()
+    plugin = _Isolated(pm, plugin, name or f"{type(plugin).__qualname__} registered in code")
     pm.register(plugin, name=name)
     backends, families = _provides(pm, plugin)
-    _guard_hooks(pm, plugin, pm.get_name(plugin) or "?")
     _plugins.infos.append(
         PluginInfo(pm.get_name(plugin) or "?", IN_CODE, "", "loaded", "", backends, families)
     )

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+
 from hfax import validation
 from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch

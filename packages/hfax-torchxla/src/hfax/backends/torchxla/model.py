@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+
 from hfax import validation
 from hfax.backends.torchxla import generation, runtime, sharding
 from hfax.model import BackendModel
