@@ -314,3 +314,26 @@ def test_private_folders_are_created_0700(tmp_path):
     programs.make_private_dir(tmp_path / "a" / "b")
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_peft_wrapped_model_is_keyed_by_its_adapters(tiny):
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from hfax.backends.jax import programs
+
+    directory, _, _ = tiny("llama")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    wrapped = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(directory),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    ).base_model.model
+    keys = {
+        programs.model_fingerprint(plain, "llama"),
+        programs.model_fingerprint(wrapped, "llama"),
+    }
+    for module in wrapped.modules():
+        if isinstance(getattr(module, "scaling", None), dict):
+            module.scaling["default"] = 5.0  # a Python float the trace bakes in
+    keys.add(programs.model_fingerprint(wrapped, "llama"))
+    assert None not in keys and len(keys) == 3
