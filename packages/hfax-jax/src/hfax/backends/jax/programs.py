@@ -122,11 +122,8 @@ def _source_digest() -> str:
     """A digest of hfax's own Python modules, every installed hfax distribution's: edits make new keys."""
     import hfax
 
-    return _tree_digest_of_roots(sorted({str(Path(p).resolve()) for p in hfax.__path__}))
-
-
-def _tree_digest_of_roots(roots: list[str]) -> str:
-    return hashlib.sha256("".join(_tree_digest(Path(root)) for root in roots).encode()).hexdigest()
+    roots = sorted({Path(path).resolve() for path in hfax.__path__})
+    return hashlib.sha256("".join(map(_tree_digest, roots)).encode()).hexdigest()
 
 
 def installed_digest(root: Path, memo_dir: Path | None) -> str:
