@@ -41,11 +41,22 @@ class BackendSpec:
 
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
-    """A model family: its name, the ``model_type`` values it claims and the transformers versions tested."""
+    """A model family: its name, the ``model_type`` values it claims, the transformers versions tested,
+    and the ``features`` its tested models allow a backend to use (the backend's own patch hook acts on
+    them, so a family never imports a backend):
+
+    * ``"attention_interface"``: attention goes through transformers' ``AttentionInterface`` with nothing
+      model-specific beside it, so a backend may switch it to its own kernel.
+    """
 
     name: str
     model_types: tuple[str, ...] = ()
     transformers: str = ""
+    features: tuple[str, ...] = ()
+
+
+#: The attention of a family with this feature may be switched to a backend's own kernel.
+ATTENTION_INTERFACE = "attention_interface"
 
 
 @dataclasses.dataclass(frozen=True)
