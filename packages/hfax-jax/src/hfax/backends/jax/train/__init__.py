@@ -9,6 +9,7 @@ Needs the ``train`` extra (``pip install "hfax-jax[train]"``: flax and optax)::
     optimizer = nnx.Optimizer(module, optax.adamw(1e-4), wrt=nnx.LoRAParam)
 """
 
+from hfax.backends.jax.train.checkpoints import load_adapter, save_adapter, save_pretrained
 from hfax.backends.jax.train.lora import LoraConfig, add_lora, merge_lora, unmerge_lora
 from hfax.backends.jax.train.module import Buffer, TransformersModule, from_pretrained, to_nnx
 
@@ -18,7 +19,10 @@ __all__ = [
     "TransformersModule",
     "add_lora",
     "from_pretrained",
+    "load_adapter",
     "merge_lora",
+    "save_adapter",
+    "save_pretrained",
     "to_nnx",
     "unmerge_lora",
 ]

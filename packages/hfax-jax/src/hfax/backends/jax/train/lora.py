@@ -39,14 +39,17 @@ class LoraConfig:
     alpha: float
     dropout: float
     targets: tuple[str, ...]
+    rslora: bool = False  # PEFT's use_rslora: scaling alpha / sqrt(rank)
 
     @property
     def scaling(self) -> float:
-        return self.alpha / self.rank
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
 
     def check(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
-            raise ValueError(f"LoRA rank must be a positive integer, got {self.rank!r}; e.g. rank=8")
+            raise ValueError(
+                f"LoRA rank must be a positive integer, got {self.rank!r}; e.g. rank=8"
+            )
         if self.alpha <= 0:
             raise ValueError(f"LoRA alpha must be positive, got {self.alpha!r}; e.g. alpha=16")
         if not 0 <= self.dropout < 1:
@@ -166,7 +169,8 @@ def attach(
             transposed=isinstance(layer, Conv1D),
             rngs=rngs,
         )
-        patcher.bind(layer, "forward", _adapted_forward(name, layer.forward, slot))
+        if not getattr(layer.forward, "hfax_lora", False):  # patched once whatever the modules
+            patcher.bind(layer, "forward", _adapted_forward(name, layer.forward, slot))
     module.lora_config = config
 
 
@@ -213,6 +217,7 @@ def _adapted_forward(name: str, original: Any, slot: _Slot) -> Any:
         base = to_array(out)
         return to_tensor((base + adapter(to_array(x))).astype(base.dtype))
 
+    forward.hfax_lora = True  # type: ignore[attr-defined]
     return forward
 
 
