@@ -11,11 +11,13 @@ Needs the ``train`` extra (``pip install "hfax-jax[train]"``: flax and optax)::
 
 from hfax.backends.jax.train.checkpoints import load_adapter, save_adapter, save_pretrained
 from hfax.backends.jax.train.lora import LoraConfig, add_lora, merge_lora, unmerge_lora
+from hfax.backends.jax.train.step import Trainer
 from hfax.backends.jax.train.module import Buffer, TransformersModule, from_pretrained, to_nnx
 
 __all__ = [
     "Buffer",
     "LoraConfig",
+    "Trainer",
     "TransformersModule",
     "add_lora",
     "from_pretrained",
