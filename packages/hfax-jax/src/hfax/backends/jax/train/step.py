@@ -74,12 +74,12 @@ class Trainer:
 
     def _train_step(self, state: Any, batch: dict[str, jax.Array]) -> tuple[Any, jax.Array]:
         module, optimizer = nnx.merge(self.graphdef, state)
-        scored = jnp.maximum(_scored_tokens(batch["labels"]), 1)
+        scored = jnp.maximum(scored_tokens(batch["labels"]), 1)
         micro_batches = jax.tree.map(lambda x: x.reshape(self.accumulate, -1, *x.shape[1:]), batch)
 
         def weighted_loss(module: Any, micro: dict[str, jax.Array]) -> jax.Array:
             # transformers averages over a micro-batch's scored tokens; weigh it by their share
-            return module(**micro).loss * _scored_tokens(micro["labels"]) / scored
+            return module(**micro).loss * scored_tokens(micro["labels"]) / scored
 
         grad_fn = nnx.value_and_grad(weighted_loss, argnums=nnx.DiffState(0, self.wrt))
         loss, grads = jnp.zeros((), jnp.float32), None
@@ -92,6 +92,6 @@ class Trainer:
         return nnx.state((module, optimizer)), loss
 
 
-def _scored_tokens(labels: jax.Array) -> jax.Array:
+def scored_tokens(labels: jax.Array) -> jax.Array:
     """How many tokens a causal LM loss averages over: labels after the first column, not ignored."""
     return jnp.sum(labels[:, 1:] != IGNORE).astype(jnp.float32)
