@@ -86,3 +86,30 @@ def test_bad_batches_are_refused_before_compiling(tiny):
         trainer.step({"input_ids": batch()["input_ids"]})
     with pytest.raises(ValueError, match="accumulate must be a positive integer"):
         train.Trainer(trainer.module, optax.sgd(0.1), accumulate=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_remat_checkpoints_every_layer_and_keeps_loss_and_gradients(tiny, name):
+    import jax
+
+    directory, _, _ = tiny(name)
+    plain = train.from_pretrained(str(directory))
+    module = train.from_pretrained(str(directory), remat=True)
+    train.add_lora(module, ["c_attn"] if name == "gpt2" else ["q_proj"], rank=2)
+    inputs = batch()
+
+    def grads(module):
+        return nnx.value_and_grad(lambda m: m(**inputs).loss, argnums=nnx.DiffState(0, nnx.Param))(
+            module
+        )
+
+    graphdef, state = nnx.split(module)
+    program = str(jax.make_jaxpr(lambda state: grads(nnx.merge(graphdef, state)))(state))
+    remats = program.count(" remat2[") + program.count(" checkpoint[")  # jax.checkpoint's names
+    assert remats == module.config.num_hidden_layers, f"one per layer, got {remats}"
+    (value, expected), (plain_value, plain_grads) = grads(module), grads(plain)
+    np.testing.assert_allclose(float(value), float(plain_value), rtol=0, atol=1e-6)
+    for name_, grad in nnx.to_flat_state(plain_grads):
+        np.testing.assert_allclose(
+            np.asarray(expected["weights"][name_[1]][...]), np.asarray(grad[...]), atol=1e-6
+        )

@@ -18,6 +18,7 @@ from flax import nnx
 
 from hfax.backends.jax.model import JaxModel
 from hfax.backends.jax.train import lora
+from hfax.backends.jax.train import remat as remat_layers
 
 
 class Buffer(nnx.Variable):
@@ -33,13 +34,14 @@ class TransformersModule(nnx.Module):
       attached (``nnx.LoRAParam``s);
     * ``module(**inputs)`` runs the transformers forward and returns its output (``.logits``, ``.loss``
       with ``labels``); ``compute_dtype`` casts floating weights for the forward only (mixed precision:
-      float32 weights and optimizer state, 16-bit matrix products).
+      float32 weights and optimizer state, 16-bit matrix products); ``remat=True`` recomputes each
+      decoder layer's activations in the backward pass instead of keeping them (``remat.py``).
 
     ``nnx.split`` / ``nnx.merge``, ``nnx.jit``, ``nnx.grad`` and ``nnx.Optimizer(module, tx, wrt=nnx.Param)``
     work on it as on any NNX module.
     """
 
-    def __init__(self, model: JaxModel, *, compute_dtype: Any = None) -> None:
+    def __init__(self, model: JaxModel, *, compute_dtype: Any = None, remat: bool = False) -> None:
         if not isinstance(model, JaxModel):
             raise TypeError(
                 f"TransformersModule needs an hfax JAX model, got {type(model).__name__}; load one with "
@@ -47,6 +49,9 @@ class TransformersModule(nnx.Module):
             )
         self.model = model
         self.compute_dtype = None if compute_dtype is None else jnp.dtype(compute_dtype)
+        self.remat = remat
+        if remat:
+            remat_layers.install(model.module)
         trainable = {name for name, _ in model.module.named_parameters()}
         self.weights = nnx.Dict(
             {
@@ -65,7 +70,11 @@ class TransformersModule(nnx.Module):
         """The transformers forward on ``inputs`` (numpy, JAX or torch arrays; flags as Python values)."""
         inputs = self.model.named_inputs(args, inputs)
         check_labels(inputs)
-        with lora.active(self.model.module, self.adapters):
+        torch_module = self.model.module
+        with (
+            lora.active(torch_module, self.adapters),
+            remat_layers.active(torch_module, self.remat),
+        ):
             return self.model.apply(self.values(), **inputs)
 
     def values(self) -> dict[str, jax.Array]:
@@ -105,9 +114,11 @@ def check_labels(inputs: dict[str, Any]) -> None:
         )
 
 
-def to_nnx(model: JaxModel, *, compute_dtype: Any = None) -> TransformersModule:
+def to_nnx(
+    model: JaxModel, *, compute_dtype: Any = None, remat: bool = False
+) -> TransformersModule:
     """``model`` (an hfax JAX model) as a :class:`TransformersModule` sharing its placed weights."""
-    return TransformersModule(model, compute_dtype=compute_dtype)
+    return TransformersModule(model, compute_dtype=compute_dtype, remat=remat)
 
 
 def from_pretrained(
@@ -116,11 +127,12 @@ def from_pretrained(
     mesh: Any = None,
     dtype: Any = None,
     compute_dtype: Any = None,
+    remat: bool = False,
     **hf_kwargs: Any,
 ) -> TransformersModule:
     """Load ``name_or_path`` with hfax's JAX backend (placed over ``mesh`` by the model's sharding plan)
     and return it as a :class:`TransformersModule`. ``dtype`` is the weights' (transformers'
-    ``from_pretrained``); ``compute_dtype`` the forward's."""
+    ``from_pretrained``); ``compute_dtype`` the forward's; ``remat`` checkpoints every decoder layer."""
     import hfax
 
     if dtype is not None:
@@ -128,4 +140,4 @@ def from_pretrained(
     model = hfax.AutoModelForTPU.from_pretrained(
         name_or_path, backend="jax", mesh=mesh, **hf_kwargs
     )
-    return to_nnx(model, compute_dtype=compute_dtype)
+    return to_nnx(model, compute_dtype=compute_dtype, remat=remat)
