@@ -3,7 +3,6 @@ adapter loads in PEFT, and bad input is refused with the file's line number or t
 
 import json
 
-import numpy as np
 import peft
 import pytest
 import torch

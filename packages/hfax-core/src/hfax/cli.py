@@ -7,7 +7,6 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -236,10 +235,10 @@ def chat_command(
 
 @app.command("finetune")
 def finetune_command(
-    data: Path = typer.Option(
+    data: str = typer.Option(
         ..., "--data", help='JSON lines: {"text"} or {"prompt", "completion"}.'
     ),
-    out: Path = typer.Option(
+    out: str = typer.Option(
         ..., "--out", help="Folder for the PEFT adapter, loss.svg and train_log.json."
     ),
     model: Optional[str] = ModelOption,
@@ -306,6 +305,7 @@ def bench_command(ctx: typer.Context) -> None:
     current directory's or the one hfax is installed from, editable).
     """
     import importlib.util
+    from pathlib import Path
 
     candidates = [
         Path.cwd() / "benchmarks" / "decode.py",

@@ -11,8 +11,8 @@ Needs the ``train`` extra (``pip install "hfax-jax[train]"``: flax and optax)::
 
 from hfax.backends.jax.train.checkpoints import load_adapter, save_adapter, save_pretrained
 from hfax.backends.jax.train.lora import LoraConfig, add_lora, merge_lora, unmerge_lora
-from hfax.backends.jax.train.step import Trainer
 from hfax.backends.jax.train.module import Buffer, TransformersModule, from_pretrained, to_nnx
+from hfax.backends.jax.train.step import Trainer
 
 __all__ = [
     "Buffer",

@@ -84,7 +84,7 @@ class Trainer:
         grad_fn = nnx.value_and_grad(weighted_loss, argnums=nnx.DiffState(0, self.wrt))
         loss, grads = jnp.zeros((), jnp.float32), None
         for index in range(self.accumulate):  # unrolled: nnx threads the dropout keys through
-            micro = jax.tree.map(lambda x: x[index], micro_batches)
+            micro = {name: array[index] for name, array in micro_batches.items()}
             value, step_grads = grad_fn(module, micro)
             loss = loss + value
             grads = step_grads if grads is None else jax.tree.map(jnp.add, grads, step_grads)
