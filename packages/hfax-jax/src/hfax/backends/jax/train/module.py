@@ -78,16 +78,19 @@ class TransformersModule(nnx.Module):
             return self.model.apply(self.values(), **inputs)
 
     def values(self) -> dict[str, jax.Array]:
-        """Every weight's current value by state name, cast to ``compute_dtype`` when one is set."""
-        values = {name: variable[...] for name, variable in self.weights.items()}
-        if self.compute_dtype is None:
-            return values
-        return {
-            name: value.astype(self.compute_dtype)
-            if jnp.issubdtype(value.dtype, jnp.floating)
-            else value
-            for name, value in values.items()
-        }
+        """Every weight's current value by state name; with a ``compute_dtype``, floating parameters are
+        cast to it (buffers such as rotary frequencies keep their precision)."""
+        return {name: self._compute_value(variable) for name, variable in self.weights.items()}
+
+    def _compute_value(self, variable: nnx.Variable) -> jax.Array:
+        value = variable[...]
+        if (
+            self.compute_dtype is None
+            or not isinstance(variable, nnx.Param)
+            or not jnp.issubdtype(value.dtype, jnp.floating)
+        ):
+            return value
+        return value.astype(self.compute_dtype)
 
     def to_model(self) -> JaxModel:
         """An hfax model (``generate``, compiled forward) over these weights with the adapters merged in."""
