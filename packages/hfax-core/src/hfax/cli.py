@@ -233,6 +233,63 @@ def chat_command(
         messages.append({"role": "assistant", "content": reply.strip()})
 
 
+@app.command("finetune")
+def finetune_command(
+    data: str = typer.Option(
+        ..., "--data", help='JSON lines: {"text"} or {"prompt", "completion"}.'
+    ),
+    out: str = typer.Option(
+        ..., "--out", help="Folder for the PEFT adapter, loss.svg and train_log.json."
+    ),
+    model: Optional[str] = ModelOption,
+    mesh: Optional[str] = MeshOption,
+    dtype: Optional[str] = DtypeOption,
+    steps: int = typer.Option(100, "--steps"),
+    lora_rank: int = typer.Option(8, "--lora-rank"),
+    lora_alpha: Optional[float] = typer.Option(
+        None, "--lora-alpha", help="Default: twice the rank."
+    ),
+    lora_targets: str = typer.Option("q_proj,v_proj", "--lora-targets", help="Linear layer names."),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    learning_rate: float = typer.Option(1e-3, "--learning-rate", "--lr"),
+    max_length: int = typer.Option(256, "--max-length", help="Tokens kept of each record."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Fine-tune LoRA adapters on the JAX backend; save them in PEFT's format with a loss curve."""
+    try:
+        from hfax.backends.jax.train.finetune import finetune
+    except ImportError as error:
+        raise typer.BadParameter(
+            f'fine-tuning needs the JAX backend with flax and optax ({error}): pip install "hfax[train]"'
+        ) from None
+    from hfax.demo import default_model
+
+    targets = tuple(name.strip() for name in lora_targets.split(",") if name.strip())
+    try:
+        result = finetune(
+            model or default_model(),
+            data,
+            out,
+            steps=steps,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            targets=targets,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            max_length=max_length,
+            mesh=_parse_mesh(mesh, "jax"),
+            dtype=dtype,
+            seed=seed,
+        )
+    except (ValueError, OSError) as error:
+        typer.echo(f"hfax finetune: {error}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"held-out loss {result.eval_loss_before:.4f} -> {result.eval_loss_after:.4f}; "
+        f"{result.tokens_per_second:.0f} tokens/s; adapter, loss.svg and train_log.json in {result.out}"
+    )
+
+
 @app.command(
     "bench",
     context_settings={

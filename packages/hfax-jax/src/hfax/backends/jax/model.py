@@ -108,6 +108,17 @@ class JaxModel(BackendModel):
             self.params, arrays, static=tuple(sorted(static.items()))
         )
 
+    def to_nnx(self, *, compute_dtype: Any = None, remat: bool = False) -> Any:
+        """This model as a Flax NNX module sharing its placed weights, for training: see
+        :class:`hfax.backends.jax.train.TransformersModule` (needs ``pip install "hfax-jax[train]"``)."""
+        try:
+            from hfax.backends.jax.train import to_nnx
+        except ImportError as error:
+            raise ImportError(
+                f'to_nnx needs flax and optax ({error}); install them with pip install "hfax-jax[train]"'
+            ) from error
+        return to_nnx(self, compute_dtype=compute_dtype, remat=remat)
+
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:
         """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`."""
         return generation.generate(self, input_ids, attention_mask, **options)

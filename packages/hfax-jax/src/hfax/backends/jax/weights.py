@@ -43,3 +43,12 @@ def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.
             )
         registry[name] = moved[id(tensor)]
     return params
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX (or numpy) array as a CPU torch tensor, gathered from its devices (bfloat16 through its bit
+    pattern): the inverse of :func:`host_array`."""
+    array = np.asarray(jax.device_get(array))
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
