@@ -314,7 +314,7 @@ def test_num_return_sequences_with_sampling(tiny):
     _, model = tiny("llama")
     out = as_numpy(
         model.generate(
-            np.array([PROMPTS[0], PROMPTS[2][:6]]), num_return_sequences=3, seed=1, **SAMPLING
+            np.array([PROMPTS[0], [1, 6, 100, 12, 7, 9]]), num_return_sequences=3, seed=1, **SAMPLING
         )
     )
     assert out.shape[0] == 6

@@ -141,7 +141,8 @@ class ShardingPlan:
         spec: list[str | None] = []
         unit = self.unit_for(name)
         for axis, size in zip(self.spec_for(name, len(shape)), shape):
-            keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
+            whole = sizes.get(axis, 0) if axis is not None else 0
+            keep = whole > 0 and size % unit == 0 and (size // unit) % whole == 0
             spec.append(axis if keep else None)
         fsdp = sizes.get("fsdp", 1)
         if fsdp > 1 and len(shape) > 1:
@@ -275,7 +276,7 @@ class Layout:
         return "\n".join([*lines, self.summary()])
 
 
-def _human(size: int) -> str:
+def _human(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000:
             return f"{size:.3g} {unit}"
