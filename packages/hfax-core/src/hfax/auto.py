@@ -15,8 +15,15 @@ from hfax.patching import Patcher
 
 logger = logging.getLogger("hfax")
 
+
+def install_command(extra: str) -> str:
+    """The command that installs hfax with ``extra`` (``jax``, ``torchxla``, ``demo``): hfax's distributions
+    are not on PyPI, so pip reads them from a clone (each ``requirements/*.txt`` names the local folders)."""
+    return f"in the root of a clone of hfax, pip install -r requirements/{extra}.txt"
+
+
 #: Backends hfax knows how to install, with the command that does it.
-KNOWN_BACKENDS = {"jax": 'pip install "hfax[jax]"', "torch_xla": 'pip install "hfax[torchxla]"'}
+KNOWN_BACKENDS = {"jax": install_command("jax"), "torch_xla": install_command("torchxla")}
 
 
 class BackendNotInstalledError(ImportError):
@@ -35,7 +42,7 @@ def get_backend(name: str) -> Any:
     have = ", ".join(sorted(installed)) or "none"
     if name in KNOWN_BACKENDS:
         raise BackendNotInstalledError(
-            f"backend {name!r} is not installed (installed backends: {have}). Install it with: {KNOWN_BACKENDS[name]}"
+            f"backend {name!r} is not installed (installed backends: {have}). To install it: {KNOWN_BACKENDS[name]}"
         )
     raise ValueError(
         f"unknown backend {name!r}; installed backends: {have}; hfax also offers: {', '.join(KNOWN_BACKENDS)}"

@@ -21,7 +21,9 @@ class JaxModel(BackendModel):
     """A transformers model whose weights live in JAX arrays and whose calls run as compiled XLA programs.
 
     * ``model(**inputs)`` runs the jitted forward and returns the transformers output type with ``jax.Array``
-      fields; Python flags (``use_cache``, ``return_dict``, ...) are static, arrays are traced.
+      fields (CPU torch tensors when the inputs are torch tensors, as transformers' pipelines pass them);
+      Python flags (``use_cache``, ``return_dict``, ...) are static, arrays are traced. Inside a user's
+      ``jax.jit`` / ``jax.grad`` / ``jax.vmap`` it runs :meth:`apply` on the traced values.
     * ``model.params`` is the weight pytree and ``model.apply(params, *args, **kwargs)`` the pure forward, for
       ``jax.jit`` / ``jax.grad``.
     * ``model.generate(...)`` runs prefill and the whole decode loop on device (see ``generate.py``).
@@ -36,6 +38,11 @@ class JaxModel(BackendModel):
         return floats[0] if floats else jnp.float32
 
     @property
+    def device(self) -> torch.device:
+        """The torch device callers keep inputs on: the CPU (the weights live on ``platform``'s devices)."""
+        return torch.device("cpu")
+
+    @property
     def platform(self) -> str:
         """Where the weights live: ``"cpu"``, ``"tpu"``, ``"gpu"``."""
         first = next(iter(self.params.values()), None)
@@ -43,6 +50,9 @@ class JaxModel(BackendModel):
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.params.values())
+
+    def host_params(self) -> dict[str, torch.Tensor]:
+        return {name: host_tensor(np.asarray(array)) for name, array in self.params.items()}
 
     def sharding_report(self) -> Any:
         """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape,
@@ -97,20 +107,45 @@ class JaxModel(BackendModel):
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
+        inputs = self.named_inputs(args, inputs)
         arrays, static = {}, {}
-        for name, value in self.named_inputs(args, inputs).items():
+        for name, value in inputs.items():
             if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
                 arrays[name] = as_jax(value)
             else:
                 static[name] = value
+        if any(isinstance(value, jax.core.Tracer) for value in arrays.values()):
+            return self.apply(
+                self.params, **arrays, **static
+            )  # traced by the caller's transformation
         arrays = shard_batch(arrays, self.mesh)
-        return self.program("forward", JaxModel._forward)(
+        output = self.program("forward", JaxModel._forward)(
             self.params, arrays, static=tuple(sorted(static.items()))
         )
+        return _like_inputs(output, inputs)
 
-    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:
-        """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`."""
-        return generation.generate(self, input_ids, attention_mask, **options)
+    def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
+        """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`.
+        Torch ids in, torch ids out (as transformers' text-generation pipeline needs)."""
+        self.check_can_generate()
+        tokens = generation.generate(self, input_ids, attention_mask, **options)
+        return _like_inputs(tokens, {"input_ids": input_ids})
+
+
+def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
+    """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor."""
+    if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
+        return output
+    return jax.tree.map(
+        lambda x: host_tensor(np.asarray(x)) if isinstance(x, jax.Array) else x, output
+    )
+
+
+def host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A host array as a CPU torch tensor (bfloat16 through its bit pattern, which numpy cannot hand torch)."""
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array))  # a writable copy: torch warns on read-only memory
 
 
 def _host_to_jax(value: Any) -> Any:
