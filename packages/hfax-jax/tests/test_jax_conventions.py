@@ -77,9 +77,7 @@ def test_model_call_runs_under_the_users_vmap_and_grad(tiny):
 
     embeds = reference.get_input_embeddings()(torch.as_tensor(ids)).detach().requires_grad_()
     reference(inputs_embeds=embeds).logits.square().mean().backward()
-    grad = jax.grad(lambda e: (model(inputs_embeds=e).logits ** 2).mean())(
-        embeds.detach().numpy()
-    )
+    grad = jax.grad(lambda e: (model(inputs_embeds=e).logits ** 2).mean())(embeds.detach().numpy())
     np.testing.assert_allclose(np.asarray(grad), embeds.grad.numpy(), atol=1e-6)
 
 
