@@ -7,7 +7,7 @@ import torch
 import transformers
 
 import hfax
-from hfax.testing import save_tiny_tokenizer
+from hfax.testing import save_tiny, save_tiny_tokenizer, tiny_config
 
 PROMPTS = ["the capital of france is", "one two three four five six"]
 
@@ -68,6 +68,33 @@ def test_feature_extraction_pipeline_matches_transformers(tiny, tokenizer):
     got = transformers.pipeline("feature-extraction", model=model, tokenizer=tokenizer)(PROMPTS)
     for got_row, want_row in zip(got, want):
         np.testing.assert_allclose(np.array(got_row), np.array(want_row), atol=1e-4)
+
+
+def test_fill_mask_pipeline_matches_transformers(tiny, tokenizer):
+    _, ref, model = tiny("bert", "AutoModelForMaskedLM")
+    prompts = ["the capital of <mask> is paris", "one two <mask> four"]
+    want = transformers.pipeline("fill-mask", model=ref, tokenizer=tokenizer)(prompts)
+    got = transformers.pipeline("fill-mask", model=model, tokenizer=tokenizer)(prompts)
+    for got_row, want_row in zip(got, want):
+        assert [x["token"] for x in got_row] == [x["token"] for x in want_row]
+        np.testing.assert_allclose(
+            [x["score"] for x in got_row], [x["score"] for x in want_row], atol=1e-5
+        )
+
+
+def test_token_classification_pipeline_matches_transformers(tmp_path, tokenizer):
+    ref = save_tiny(tiny_config("bert"), tmp_path, "AutoModelForTokenClassification")
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")  # by architecture
+    assert type(model.module).__name__ == "BertForTokenClassification"
+    want = transformers.pipeline("token-classification", model=ref, tokenizer=tokenizer)(PROMPTS)
+    got = transformers.pipeline("token-classification", model=model, tokenizer=tokenizer)(PROMPTS)
+    for got_row, want_row in zip(got, want):
+        assert [(x["word"], x["entity"]) for x in got_row] == [
+            (x["word"], x["entity"]) for x in want_row
+        ]
+        np.testing.assert_allclose(
+            [x["score"] for x in got_row], [x["score"] for x in want_row], atol=1e-5
+        )
 
 
 def test_generate_without_a_language_model_head_says_which_class_has_one(tiny):

@@ -197,7 +197,7 @@ def save_tiny(
     return cls.from_pretrained(directory).eval()
 
 
-#: The words of :func:`save_tiny_tokenizer`'s vocabulary, after the special tokens ``<pad> <s> </s> <unk>``.
+#: The words of :func:`save_tiny_tokenizer`'s vocabulary, after its special tokens ``<pad> <s> </s> <unk> <mask>``.
 TINY_WORDS = (
     "the a an of to in is was and or it this that on at by with for from as be are were has have had "
     "capital france paris city country river sea sun moon day night good bad great small big old new "
@@ -216,7 +216,7 @@ def save_tiny_tokenizer(directory: str | Path, vocab_size: int = 128) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    words = ["<pad>", "<s>", "</s>", "<unk>", *TINY_WORDS][:vocab_size]
+    words = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", *TINY_WORDS][:vocab_size]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
@@ -229,6 +229,7 @@ def save_tiny_tokenizer(directory: str | Path, vocab_size: int = 128) -> Any:
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
+        mask_token="<mask>",
         padding_side="left",
         model_input_names=["input_ids", "attention_mask"],
     )
