@@ -133,3 +133,16 @@ def test_model_runs_under_the_users_jit(tiny):
     np.testing.assert_allclose(
         np.asarray(logits), np.asarray(model(input_ids=ids).logits), atol=1e-6
     )
+
+
+def test_save_pretrained_keeps_bfloat16_weights_bit_for_bit(tiny, tmp_path):
+    checkpoint, _, _ = tiny("llama")
+    model = hfax.AutoModelForCausalLM.from_pretrained(
+        str(checkpoint), backend="jax", dtype="bfloat16"
+    )
+    model.save_pretrained(tmp_path)
+    want = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    got = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert got.dtype == torch.bfloat16
+    for name, tensor in want.state_dict().items():
+        assert torch.equal(got.state_dict()[name], tensor), name

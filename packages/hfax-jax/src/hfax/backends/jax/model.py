@@ -143,9 +143,10 @@ def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
 
 def host_tensor(array: np.ndarray) -> torch.Tensor:
     """A host array as a CPU torch tensor (bfloat16 through its bit pattern, which numpy cannot hand torch)."""
+    array = np.array(array)  # a writable copy: torch warns on JAX's read-only host buffers
     if array.dtype == jnp.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.array(array))  # a writable copy: torch warns on read-only memory
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _host_to_jax(value: Any) -> Any:
