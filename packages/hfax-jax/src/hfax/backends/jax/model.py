@@ -14,6 +14,7 @@ import torch
 from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
+from hfax.backends.jax.weights import host_tensor
 from hfax.model import BackendModel
 
 
@@ -52,7 +53,7 @@ class JaxModel(BackendModel):
         return sum(int(np.prod(p.shape)) for p in self.params.values())
 
     def host_params(self) -> dict[str, torch.Tensor]:
-        return {name: host_tensor(np.asarray(array)) for name, array in self.params.items()}
+        return {name: host_tensor(array) for name, array in self.params.items()}
 
     def sharding_report(self) -> Any:
         """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape,
@@ -115,9 +116,8 @@ class JaxModel(BackendModel):
             else:
                 static[name] = value
         if any(isinstance(value, jax.core.Tracer) for value in arrays.values()):
-            return self.apply(
-                self.params, **arrays, **static
-            )  # traced by the caller's transformation
+            # Inside the caller's jit / grad / vmap: their transformation traces the pure forward.
+            return self.apply(self.params, **arrays, **static)
         arrays = shard_batch(arrays, self.mesh)
         output = self.program("forward", JaxModel._forward)(
             self.params, arrays, static=tuple(sorted(static.items()))
@@ -136,17 +136,7 @@ def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
     """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor."""
     if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
         return output
-    return jax.tree.map(
-        lambda x: host_tensor(np.asarray(x)) if isinstance(x, jax.Array) else x, output
-    )
-
-
-def host_tensor(array: np.ndarray) -> torch.Tensor:
-    """A host array as a CPU torch tensor (bfloat16 through its bit pattern, which numpy cannot hand torch)."""
-    array = np.array(array)  # a writable copy: torch warns on JAX's read-only host buffers
-    if array.dtype == jnp.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return jax.tree.map(lambda x: host_tensor(x) if isinstance(x, jax.Array) else x, output)
 
 
 def _host_to_jax(value: Any) -> Any:
