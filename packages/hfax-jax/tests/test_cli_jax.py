@@ -40,7 +40,7 @@ def invoke(*args, stdin=None):
 def test_a_dash_reads_the_prompt_from_stdin(model_dir, calls):
     from_argument = invoke("generate", "the capital of france is", "-m", model_dir, "-n", "4")
     from_stdin = invoke(
-        "generate", "-", "-m", model_dir, "-n", "4", stdin="the capital of france is"
+        "generate", "-", "-m", model_dir, "-n", "4", stdin="the capital of france is\n"
     )
     assert from_stdin.stdout == from_argument.stdout
     assert from_stdin.stdout.startswith("the capital of france is")

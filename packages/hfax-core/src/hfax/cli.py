@@ -344,7 +344,7 @@ def generate_command(
     _check_tokens(max_new_tokens)
     _check_options(model, mesh, dtype, backend)
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = sys.stdin.read().removesuffix("\n")  # `echo text | hfax generate -` means "text"
     tokenizer, loaded = _load(model, backend, mesh, dtype)
     input_ids = tokenizer([prompt], return_tensors="np")["input_ids"]
     options = _sampling(
