@@ -20,6 +20,7 @@ def tokenizer(tmp_path_factory):
 def test_a_pipeline_sees_a_cpu_model_in_inference_mode(tiny):
     _, ref, model = tiny("llama")
     assert model.device == torch.device("cpu") and model.to("cpu") is model
+    assert model.to(torch.device("cpu"), dtype=torch.float32) is model
     assert model.eval() is model and model.can_generate()
     assert model.config.model_type == "llama" and model.config.vocab_size == ref.config.vocab_size
     assert model.generation_config.eos_token_id == ref.generation_config.eos_token_id

@@ -85,10 +85,11 @@ class BackendModel:
         return self
 
     def to(self, *args: Any, **kwargs: Any) -> BackendModel:
-        """The model itself when asked for the device it already reports (``model.device``), as pipelines do;
-        anything else is refused: hfax places weights when it loads them."""
+        """The model itself when asked for the device or dtype it already has (``model.device``,
+        ``model.dtype``), as pipelines ask; anything else is refused: hfax places weights when it loads them."""
         wanted = [*args, *kwargs.values()]
-        if all(str(value) == str(self.device) for value in wanted):
+        have = {str(self.device), str(self.dtype).removeprefix("torch.")}
+        if all(str(value).removeprefix("torch.") in have for value in wanted):
             return self
         raise ValueError(
             f"{type(self).__name__}.to{tuple(wanted)}: hfax places and casts weights when it loads them; "
