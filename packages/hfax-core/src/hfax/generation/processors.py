@@ -44,16 +44,23 @@ class Step:
 class History:
     """What the processors may read of the tokens so far (torch tensors on the device).
 
-    ``ids`` ``[rows, slots]`` holds the prompt's bucket then the new tokens; ``valid`` says which slots
-    hold real tokens of the sequence so far (neither padding nor slots not yet written). ``end`` (0-d) is
-    the slot after the last token so far; ``length`` (0-d) is transformers' ``cur_len``, the length of
-    ``input_ids`` it would pass: the request's own width plus the new tokens so far.
+    ``ids`` ``[rows, slots]`` holds the prompt's bucket then the new tokens. ``present`` says which slots
+    hold the ``input_ids`` transformers would pass (the caller's prompt, its padding included, and the new
+    tokens so far: never hfax's bucket filler or slots not yet written); ``valid`` which of those are real
+    tokens (the prompt's padding left out, as transformers' repetition penalty leaves it out). ``end``
+    (0-d) is the slot after the last token so far; ``length`` (0-d) is transformers' ``cur_len``, the
+    length of that ``input_ids``.
     """
 
     ids: Any
     valid: Any
     end: Any
     length: Any
+    present: Any = None
+
+    def __post_init__(self) -> None:
+        if self.present is None:
+            self.present = self.valid
 
 
 def padded_ids(values: Any, slots: int = ID_SLOTS) -> np.ndarray:
@@ -212,14 +219,14 @@ def _rows_mask(ids: Any, weights: Any, vocab: int) -> Any:
 
 
 def _last_tokens(history: History, count: int) -> Any:
-    """``[rows, count]``: the last ``count`` tokens so far, -1 where there is none (padding, before start)."""
+    """``[rows, count]``: the last ``count`` tokens so far, -1 where there is none (before the input)."""
     import torch
 
     columns = history.end - count + torch.arange(count, device=history.ids.device)
     inside = columns >= 0
     columns = columns.clamp(min=0).to(torch.int64)[None].expand(history.ids.shape[0], count)
     tokens = history.ids.gather(1, columns)
-    valid = history.valid.gather(1, columns) & inside[None]
+    valid = history.present.gather(1, columns) & inside[None]
     return torch.where(valid, tokens, torch.full_like(tokens, -1))
 
 
@@ -283,7 +290,7 @@ def _no_repeat_ngram(scores: Any, a: dict[str, Any], shape: tuple, history: Hist
     import torch
 
     (n,) = shape
-    ids, valid = history.ids, history.valid
+    ids, valid = history.ids, history.present
     starts = ids.shape[1] - n + 1
     if starts <= 0:
         return scores
