@@ -24,6 +24,7 @@ def test_the_readme_has_python_blocks_naming_the_model():
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_block_runs(index, tmp_path, capsys):
     import transformers
+
     from hfax.testing import save_tiny, save_tiny_tokenizer, tiny_config
 
     directory = tmp_path / "tiny-gemma"

@@ -392,6 +392,11 @@ def chat_command(
         messages.append({"role": "assistant", "content": reply.strip()})
 
 
+BenchOutOption = typer.Option(
+    Path("hfax-bench"), "--out", help="Folder for the JSON record and the Markdown page."
+)
+
+
 def _bench_outputs(args: list[str], out: Path) -> list[str]:
     """``args`` with the benchmark's JSON record and Markdown page under ``out`` unless they name them."""
     given = {arg.split("=")[0] for arg in args}
@@ -414,9 +419,7 @@ def _bench_outputs(args: list[str], out: Path) -> list[str]:
 @_user_errors
 def bench_command(
     ctx: typer.Context,
-    out: Path = typer.Option(
-        Path("hfax-bench"), "--out", help="Folder for the JSON record and the Markdown page."
-    ),
+    out: Path = BenchOutOption,
 ) -> None:
     """Benchmark hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).
 
