@@ -392,7 +392,7 @@ import sys, hfax
 try:
     hfax.get_backend("jax")
 except hfax.BackendNotInstalledError as error:
-    assert 'pip install "hfax[jax]"' in str(error), error
+    assert "pip install -r requirements/jax.txt" in str(error), error
 else:
     raise AssertionError("hfax-core alone found a jax backend")
 assert not {"torch", "jax"} & set(sys.modules), "importing hfax imported torch or jax"
@@ -400,9 +400,18 @@ print("hfax-core alone: hfax imports; asking for jax names the command that inst
 """
 
 
+def readme_install_command() -> list[str]:
+    """The README's command that installs hfax with the JAX backend from a clone, as arguments to pip."""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("pip install -r requirements/jax.txt"):
+            return line.split("#")[0].split()[1:]
+    raise ValueError("README.md has no line starting `pip install -r requirements/jax.txt`")
+
+
 @nox.session(requires=["wheels"])
 def install(session: nox.Session) -> None:
-    """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax."""
+    """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax. From the
+    clone: the README's command installs into a fresh venv, where the README's Python blocks run."""
     tmp = Path(session.create_tmp())
     report = tmp / "hfax-jax.json"
     session.install(
@@ -457,6 +466,23 @@ def install(session: nox.Session) -> None:
         session.error(f"pip install hfax-core pulled in {', '.join(heavy)}")
     session.run(venv_bin(core_only, "python"), "-c", CORE_ONLY_CHECK, external=True, env=TEST_ENV)
     session.run(venv_bin(core_only, "hfax"), "plugins", external=True, env=TEST_ENV)
+
+    readme = tmp / "readme"
+    shutil.rmtree(readme, ignore_errors=True)
+    session.run(sys.executable, "-m", "virtualenv", "--quiet", str(readme), external=True)
+    python = venv_bin(readme, "python")
+    session.chdir(ROOT)  # the README's command runs in the clone's root
+    session.run(python, "-m", "pip", *readme_install_command(), external=True)
+    session.run(python, "-m", "pip", "install", "-c", str(CONSTRAINTS), "pytest", external=True)
+    session.run(
+        python,
+        "-m",
+        "pytest",
+        "--import-mode=importlib",
+        str(ROOT / "tests" / "test_readme.py"),
+        external=True,
+        env=TEST_ENV,
+    )
 
 
 @nox.session

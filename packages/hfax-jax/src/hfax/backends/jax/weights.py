@@ -1,4 +1,4 @@
-"""Moving a PyTorch model's weights into JAX arrays, placed on devices."""
+"""Moving a PyTorch model's weights into JAX arrays, placed on devices, and back to the host."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(jnp.bfloat16)
     return tensor.numpy()
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX or numpy array as a CPU torch tensor, gathered whole (bfloat16 through its bit pattern, which
+    numpy cannot hand torch): the inverse of :func:`host_array`."""
+    array = np.array(array)  # a writable copy: torch warns on JAX's read-only host buffers
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:
