@@ -309,7 +309,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
         states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {"tokens": _whole(model, chosen), "states": states, "valid": valid}
+    state = {"tokens": chosen, "states": states, "valid": valid}
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden, "mask": source["mask"]}
     return state

@@ -7,6 +7,11 @@ small model, several for a real one, in every process. hfax also keeps the trace
 under a key made of everything the trace depends on. A later process with the same key deserializes it
 in milliseconds and compiles it, which the persistent cache answers.
 
+Both caches live in JAX's compilation cache folder: the user's (``jax_compilation_cache_dir``) when they
+set one, else hfax's (``$HFAX_CACHE/jax``), which :func:`compilation_cache` enables around hfax's own
+programs only, through JAX's thread-local settings: loading a model changes no global JAX setting, and the
+user's own programs are not cached unless they ask for it.
+
 The key (:func:`model_fingerprint` and :func:`call_key`): the program's name and static settings; the
 structure, shapes, dtypes and shardings of its arguments; the model's config (not where it was loaded
 from), family and every hfax patch on it; the model instance itself, module by module: each module's class
@@ -29,6 +34,7 @@ serialized runs through ``jax.jit`` as usual.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -44,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+# JAX's config options as thread-local context managers (jax.config.update only sets them globally).
+from jax._src import config as jax_config
 
 log = logging.getLogger("hfax")
 
@@ -78,6 +87,35 @@ _SKIPPED_ATTRIBUTES = frozenset(
 
 class Uncacheable(Exception):
     """Something the trace depends on cannot be named by content: the program is not kept on disk."""
+
+
+@functools.cache
+def _hfax_compilation_dir() -> str:
+    from hfax.demo import cache_dir as hfax_cache_dir
+
+    path = str(hfax_cache_dir() / "jax")
+    try:  # programs in the cache run as the user's code: only the user may write them
+        make_private_dir(Path(path))
+    except OSError:  # JAX and _store each warn that they cannot use it, and run without it
+        pass
+    log.info(
+        "hfax: JAX's persistent compilation cache for hfax's programs is %s (set jax_compilation_cache_dir "
+        "to use your own; HFAX_NO_COMPILATION_CACHE=1 turns it off)",
+        path,
+    )
+    return path
+
+
+def compilation_cache() -> contextlib.AbstractContextManager:
+    """Around a compile of hfax's: JAX's persistent cache in hfax's folder, every program cached (CPU ones
+    compile in about a second, under JAX's 1 s threshold), unless the user configured a cache or turned it
+    off. Thread-local, so the user's settings and programs are untouched."""
+    if os.environ.get("HFAX_NO_COMPILATION_CACHE") or jax.config.jax_compilation_cache_dir:
+        return contextlib.nullcontext()
+    scope = contextlib.ExitStack()
+    scope.enter_context(jax_config.compilation_cache_dir(_hfax_compilation_dir()))
+    scope.enter_context(jax_config.persistent_cache_min_compile_time_secs(0))
+    return scope
 
 
 def cache_dir() -> Path | None:
@@ -375,10 +413,11 @@ class Program:
 
     def __call__(self, *args: Any, static: Any) -> Any:
         key = call_key(self.name, static, args)
-        run = self._callables.get(key)
-        if run is None:
-            run = self._callables[key] = self._build(key, args, static)
-        return run(*args)
+        with compilation_cache():
+            run = self._callables.get(key)
+            if run is None:
+                run = self._callables[key] = self._build(key, args, static)
+            return run(*args)
 
     def _build(self, key: str, args: tuple[Any, ...], static: Any) -> Callable[..., Any]:
         plain = functools.partial(self.jitted, static=static)
