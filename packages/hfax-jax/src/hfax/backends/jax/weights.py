@@ -1,16 +1,20 @@
-"""Moving a PyTorch model's weights into JAX arrays, placed on devices."""
+"""Moving a PyTorch model's weights into JAX arrays placed on devices: from the module's host tensors,
+or read from the safetensors checkpoint straight into each device's piece."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
-from hfax.backends.jax.mesh import place
+from hfax.backends.jax.mesh import partition, place
 from hfax.backends.jax.runtime import to_tensor
+from hfax.checkpoints import Checkpoint, TensorSource
 from hfax.tensors import tensor_slots
 
 
@@ -29,11 +33,73 @@ def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.
     tensor is dropped from the module as soon as it is placed, so host memory holds the model once, and
     each device receives only its own shard of a split tensor.
     """
+    return _install(model, lambda name, tensor: place(host_array(tensor), plan, name, mesh))
+
+
+def load_weights(
+    model: torch.nn.Module, checkpoint: Checkpoint, plan: Any, mesh: Any
+) -> dict[str, jax.Array]:
+    """Like :func:`move_weights` for a model whose weights are on the ``meta`` device: each is read from
+    ``checkpoint`` into the pieces this process's devices hold, converted to the weight's dtype.
+
+    Files are read with ``pread``, not mapped, so the pages read do not stay resident; only one
+    device piece of one tensor is on the host at a time besides the placed arrays. Host tensors
+    (the non-persistent buffers) are placed as :func:`move_weights` places them.
+    """
+    with _open_files(checkpoint) as files:
+
+        def array(name: str, tensor: torch.Tensor) -> jax.Array:
+            if tensor.device.type != "meta":
+                return place(host_array(tensor), plan, name, mesh)
+            source = checkpoint.sources[name]
+            return read(files[source.file], source, tensor, _sharding(plan, name, tensor, mesh))
+
+        return _install(model, array)
+
+
+def read(
+    file: Any, source: TensorSource, tensor: torch.Tensor, sharding: jax.sharding.Sharding
+) -> jax.Array:
+    """The checkpoint tensor ``source`` as a global array laid out by ``sharding``, in ``tensor``'s dtype.
+
+    ``jax.make_array_from_callback`` asks for exactly the index ranges of this process's devices, and
+    ``get_slice`` reads only their bytes: a host reads its own shards, not the whole tensor.
+    """
+    stored = file.get_slice(source.key)
+
+    def piece(index: tuple[slice, ...]) -> np.ndarray:
+        part = stored[index] if index else file.get_tensor(source.key)
+        return host_array(part.to(tensor.dtype))
+
+    return jax.make_array_from_callback(tuple(tensor.shape), sharding, piece)
+
+
+def _sharding(plan: Any, name: str, tensor: torch.Tensor, mesh: Any) -> jax.sharding.Sharding:
+    if mesh is None:
+        return SingleDeviceSharding(jax.config.jax_default_device or jax.local_devices()[0])
+    return NamedSharding(mesh, partition(plan, name, tuple(tensor.shape), dict(mesh.shape)))
+
+
+@contextlib.contextmanager
+def _open_files(checkpoint: Checkpoint) -> Iterator[dict[str, Any]]:
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        yield {
+            file: stack.enter_context(safe_open(file, framework="pt", backend="pread"))
+            for file in checkpoint.files
+        }
+
+
+def _install(
+    model: torch.nn.Module, array_for: Callable[[str, torch.Tensor], jax.Array]
+) -> dict[str, jax.Array]:
+    """Replace each distinct tensor of ``model`` by a torchax view of ``array_for(state name, tensor)``."""
     moved: dict[int, torch.Tensor] = {}
     params: dict[str, jax.Array] = {}
     for full_name, registry, name, tensor in tensor_slots(model):
         if id(tensor) not in moved:
-            array = place(host_array(tensor), plan, full_name, mesh)
+            array = array_for(full_name, tensor)
             params[full_name] = array
             view = to_tensor(array)
             moved[id(tensor)] = (
