@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -192,6 +191,7 @@ def test_bin_checkpoint_loads_through_transformers(tmp_path, caplog):
         model = hfax.AutoModelForCausalLM.from_pretrained(str(path), backend="jax")
     assert FALLBACK in caplog.text and "GGUF or .bin" in caplog.text
     assert_same_params(model, expected)
+    np.testing.assert_allclose(np.asarray(model(input_ids=PROMPT).logits), logits, atol=1e-4)
 
 
 def test_gguf_and_other_arguments_load_through_transformers(saved):
@@ -218,3 +218,32 @@ def test_missing_weights_load_through_transformers(tmp_path, saved, caplog):
     with caplog.at_level(logging.INFO, logger="hfax"):
         hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
     assert "lacks 'model.norm.weight'" in caplog.text
+
+
+def rchar() -> int:
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("rchar")).split()[1])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [(), (slice(1, 3),), (slice(None), slice(1, 4)), (slice(2, 4), slice(0, 5), slice(1, 2))],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reader_reads_exactly_the_box(tmp_path, index, dtype):
+    from safetensors.torch import save_file
+
+    from hfax.backends.jax.safetensors_reader import SafetensorsFile
+    from hfax.backends.jax.weights import host_array
+
+    tensor = torch.randn(6, 5, 4).to(dtype)
+    save_file({"other": torch.zeros(3), "t": tensor}, tmp_path / "x.safetensors")
+    file = SafetensorsFile(str(tmp_path / "x.safetensors"))
+    before = rchar()
+    piece = file.read("t", index)
+    read = rchar() - before
+    file.close()
+    expected = host_array(tensor)[index]
+    assert piece.dtype == expected.dtype
+    np.testing.assert_array_equal(piece, expected)
+    assert piece.nbytes <= read < piece.nbytes + 1024  # its bytes, and /proc/self/io's own read

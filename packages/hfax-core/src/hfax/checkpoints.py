@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from hfax.tensors import tensor_slots
 
@@ -130,7 +131,7 @@ def _checkpoint_keys(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]
     keys = {}
     for file in files:
         with safe_open(file, framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 keys[key] = (file, tuple(f.get_slice(key).get_shape()))
     return keys
 

