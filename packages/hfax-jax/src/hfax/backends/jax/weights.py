@@ -65,13 +65,13 @@ def read(
     """The checkpoint tensor ``source`` as a global array laid out by ``sharding``, in ``tensor``'s dtype.
 
     ``jax.make_array_from_callback`` asks for exactly the index ranges of this process's devices, and
-    only their bytes are read: a host reads its own shards, not the whole tensor.
+    only their bytes are read: a host reads its own shards, not the whole tensor. On CPU the piece read
+    becomes the device buffer itself (aligned for it), so it is never copied.
     """
     dtype = host_array(torch.empty(0, dtype=tensor.dtype)).dtype
 
     def piece(index: tuple[slice, ...]) -> np.ndarray:
-        part = file.read(source.key, index)
-        return part if part.dtype == dtype else part.astype(dtype)
+        return file.read(source.key, index, dtype)
 
     return jax.make_array_from_callback(tuple(tensor.shape), sharding, piece)
 
