@@ -36,7 +36,7 @@ DTYPES = {
 #: The alignment XLA's CPU client needs to use a host buffer in place.
 ALIGNMENT = 64
 #: At most this many stored bytes are read at once when converting a piece to another dtype.
-CONVERT_BLOCK_BYTES = 16 << 20
+CONVERT_BLOCK_BYTES = 4 << 20
 
 
 class SafetensorsFile:
