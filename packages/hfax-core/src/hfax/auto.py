@@ -109,6 +109,9 @@ class AutoModelForTPU:
         ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``). Before any
         weight is read, the bytes each device will hold are logged (logger ``hfax``) and checked against the
         device's memory: a model that cannot fit raises :class:`~hfax.registry.DeviceMemoryError`.
+        A safetensors checkpoint is read straight into the devices' arrays (``hfax_load_weights``); GGUF,
+        ``.bin`` and checkpoints that need transformers' conversions load through transformers first
+        (docs/SHARDING.md, "Host memory while loading").
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
         name_or_path, model_class, family, model = cls._resolve(name_or_path, hf_kwargs)
@@ -232,6 +235,7 @@ def _stream(
     except checkpoints.NotStreamable as reason:
         logger.info("hfax: weights load through transformers: %s", reason)
         return None
+    checkpoints.finish_model(model, name_or_path, hf_kwargs.get("revision"))
     hook = plugins.get_plugin_manager().hook
     _patch(model, family, backend)
     params = hook.hfax_load_weights(
@@ -242,7 +246,6 @@ def _stream(
             "hfax: backend %r does not stream weights; they load through transformers", backend
         )
         return None
-    checkpoints.finish_model(model, name_or_path, hf_kwargs.get("revision"))
     return engine.build(model, params=params, family=family, plan=plan, mesh=mesh)
 
 
