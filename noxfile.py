@@ -105,6 +105,20 @@ def run_tests(session: nox.Session, *paths: Path, env: dict[str, str] = TEST_ENV
     session.run("pytest", "--import-mode=importlib", *map(str, paths), *session.posargs, env=env)
 
 
+#: The modules of hfax-core's public API that mypy checks (they import neither torch nor jax).
+TYPED = ("hfax", "hfax.auto", "hfax.hookspecs", "hfax.plugins", "hfax.patching", "hfax.registry")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff format --check and ruff check over the whole tree; mypy over hfax-core's public API."""
+    session.install("-c", str(CONSTRAINTS), "ruff", "mypy", str(PACKAGES / "hfax-core"))
+    session.run("ruff", "format", "--check", str(ROOT))
+    session.run("ruff", "check", str(ROOT))
+    modules = [arg for module in TYPED for arg in ("-m", module)]
+    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *modules)
+
+
 @nox.session
 def core(session: nox.Session) -> None:
     """hfax-core alone: no torch, no jax."""

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import hfax
 from hfax.backends.jax import generation, lowerings, monitor
+from hfax.generation import driver, settings
 from hfax.testing import left_padded, reference_generate, save_tiny
 
 MESHES = {"model=8": {"model": 8}, "data=2,model=4": {"data": 2, "model": 4}, "fsdp=8": {"fsdp": 8}}
@@ -154,21 +155,10 @@ def test_tied_embeddings_stay_one_replicated_array_when_the_vocabulary_does_not_
     )
 
 
-def program_arguments(model: Any) -> tuple[tuple[Any, ...], Any]:
-    """The generate program's arguments for ``PROMPTS``, as ``generate`` builds them."""
-    ids, mask, settings = generation.resolve(
-        model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS}, generation.OPTIONAL
-    )
-    return generation._arguments(model, ids, mask, settings)
-
-
 def prefill_cache(model: Any) -> Any:
     """The first layer's key buffer after prefill."""
-    (params, prompt_ids, prompt_mask, source, _, options), static = program_arguments(model)
-    state = model.program("prefill", generation.prefill_program)(
-        params, prompt_ids, prompt_mask, source, options, static=static
-    )
-    return state["states"][0]["keys"]
+    run = generation.start(model, *left_padded(PROMPTS), max_new_tokens=NEW_TOKENS)
+    return run.state["states"][0]["keys"]
 
 
 @pytest.mark.parametrize(
@@ -189,7 +179,9 @@ def test_kv_cache_is_split_over_heads_and_rows(load, name, mesh, spec):
 
 def test_inputs_are_split_over_the_data_axis(load):
     model = load("llama", "data=2,model=4")
-    (_, prompt_ids, prompt_mask, *_), _ = program_arguments(model)
+    engine = generation.JaxEngine(model)
+    request = settings.prepare(model, *left_padded(PROMPTS), {"max_new_tokens": 4}, engine.features)
+    prompt_ids, prompt_mask, _, _ = engine.inputs(driver.plan(model, request, engine))
     for array in (prompt_ids, prompt_mask):
         assert (
             array.sharding.spec == P("data", None)

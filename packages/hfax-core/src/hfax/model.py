@@ -11,7 +11,7 @@ class BackendModel:
 
     Holds the patched transformers ``module`` (its ``config`` and ``generation_config`` too), the weights as
     the backend placed them (``params``, by ``state_dict`` name), the ``family``, sharding ``plan`` and
-    ``mesh`` it was built with, and ``last_generate_stats`` (:class:`hfax.generation.GenerateStats`).
+    ``mesh`` it was built with, and ``last_generate_stats`` (:class:`hfax.generation.driver.GenerateStats`).
     ``compile_step(fn, name=..., static_argnames=..., donate_argnames=...)`` reaches the ``hfax_compile_step``
     hook; :meth:`compiled` keeps one program per name.
     """

@@ -1,15 +1,15 @@
-"""``generate`` with transformers' semantics, compiled whole: prefill plus the decode loop in one XLA program.
+"""The JAX backend's generation engine: prefill and the whole decode loop as compiled XLA programs.
 
-Shapes are bucketed (batch to powers of two, prompt and new-token counts to powers of two from 16) so a
-stream of different requests compiles a bounded number of programs; the token count itself, the sampling
-settings and the seed are traced values. Prompts are left-padded into their bucket; padding slots are
-masked, and positions come from the mask, so a padded prompt produces the tokens it produces alone. A
-model that takes no ``position_ids`` counts positions from the cache length, which bucket padding would
-shift: its prompts keep their own length. Sampling and EOS handling run on device; the host sees the
-result once, or once per chunk when a streamer is given.
+hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :class:`JaxEngine`: its
+prefill program runs the prompt and chooses the first token, its decode program runs a
+``jax.lax.while_loop`` up to a limit or until every row finished. The token choice inside both is
+hfax-core's torch code (:mod:`hfax.generation.tokens`), traced through torchax. Shapes are bucketed by the
+core; the processors' settings, the token limit and the seed are traced values, so a stream of requests
+compiles a bounded number of programs. Positions come from the prompt's mask, so a padded prompt produces
+the tokens it produces alone; a model that takes no ``position_ids`` keeps its prompt's own length.
 
 On a mesh, prompt rows are split over the batch axes (``data``, ``fsdp``), the KV cache over rows and heads
-(``mesh.cache_sharding``), and the tokens handed back are whole on every device, so every process of a
+(``mesh.cache_sharding``), and the token state handed back is whole on every device, so every process of a
 multi-host mesh reads the same result.
 """
 
@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import functools
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -30,34 +31,15 @@ from hfax import masks
 from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
-from hfax.generation import (
-    MIN_LENGTH_BUCKET,
-    STREAM_CHUNK,
-    GenerateStats,
-    accepts,
-    bucket,
-    check_streamer,
-    decoder_start,
-    is_encoder_decoder,
-    pad_prompts,
-    resolve,
-)
-
-#: The settings of ``hfax.generation.OPTIONAL`` this backend implements.
-OPTIONAL = (
-    "forced_eos_token_id",
-    "forced_bos_token_id",
-    "decoder_start_token_id",
-    "begin_suppress_tokens",
-)
+from hfax.generation import driver, tokens
+from hfax.generation.shapes import accepts
 
 
 @dataclasses.dataclass(frozen=True)
 class Static:
     """Everything about one generate program that fixes its shape or structure (hashable, for ``jax.jit``)."""
 
-    capacity: int
-    do_sample: bool
+    decoding: tokens.Decoding
     layer_types: tuple[tuple[str, int], ...] | None
     mask_plan: masks.MaskPlan
     cache_argument: str  # "" for a model without a cache
@@ -197,7 +179,7 @@ TRANSPOSE_FROM_STEPS = 64
 
 
 def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]:
-    """The weights a decode loop of ``static.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
+    """The weights a decode loop of ``static.decoding.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
 
     On one CPU device, XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's
     ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without (A/B runs
@@ -210,7 +192,11 @@ def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]
     matrix as fast or faster; other platforms and meshes choose their own layouts. A weight tied to another
     (an embedding that is also the output layer) stays as it is, as its other use wants its own layout.
     """
-    if model.platform != "cpu" or model.mesh is not None or static.capacity < TRANSPOSE_FROM_STEPS:
+    if (
+        model.platform != "cpu"
+        or model.mesh is not None
+        or static.decoding.capacity < TRANSPOSE_FROM_STEPS
+    ):
         return frozenset()
     if rows < (8 if _loop_reads_16_bits(model) else 2):
         return frozenset()
@@ -279,161 +265,88 @@ def _state_sharding(device_mesh: Any, shape: tuple[int, ...]) -> Any:
     )
 
 
-def _choose(
-    static: Static,
-    logits: jax.Array,
-    index: jax.Array,
-    finished: jax.Array,
-    options: dict[str, Any],
-) -> tuple[Any, Any]:
-    """Pick new token ``index`` of every row, in transformers' order: min-length, suppressed first tokens, forced
-    BOS and EOS, then temperature, top-k, top-p."""
-    vocab = logits.shape[-1]
-    is_eos = jnp.isin(jnp.arange(vocab), options["eos"])
-    logits = jnp.where((index < options["min_new_tokens"]) & is_eos[None], -jnp.inf, logits)
-    suppressed = (index == 0) & jnp.isin(jnp.arange(vocab), options["begin_suppress"])
-    logits = jnp.where(suppressed[None], -jnp.inf, logits)
-    # forced_bos_token_id (encoder-decoders): the token after the decoder's start token.
-    forced = (index == 0) & (options["forced_bos"] >= 0)
-    logits = jnp.where(
-        forced, jnp.where(jnp.arange(vocab) == options["forced_bos"], 0.0, -jnp.inf)[None], logits
-    )
-    # forced_eos_token_id: the last token transformers lets a sequence have is EOS.
-    forced = (index == options["max_new"] - 1) & (options["forced_eos"] >= 0)
-    logits = jnp.where(
-        forced, jnp.where(jnp.arange(vocab) == options["forced_eos"], 0.0, -jnp.inf)[None], logits
-    )
-    if static.do_sample:
-        logits = logits / options["temperature"]
-        ascending = jnp.sort(logits, axis=-1)
-        k = jnp.clip(options["top_k"], 1, vocab)
-        kth = jnp.take_along_axis(
-            ascending, jnp.broadcast_to(vocab - k, (logits.shape[0], 1)), axis=-1
-        )
-        logits = jnp.where((options["top_k"] > 0) & (logits < kth), -jnp.inf, logits)
-        # top-p over what top-k left: drop the low-probability tail holding at most 1 - top_p of the mass.
-        order = jnp.argsort(logits, axis=-1)
-        cumulative = jnp.cumsum(
-            jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1), axis=-1
-        )
-        drop_sorted = (cumulative <= 1 - options["top_p"]).at[:, -1].set(False)
-        drop = (
-            jnp.zeros_like(drop_sorted)
-            .at[jnp.arange(logits.shape[0])[:, None], order]
-            .set(drop_sorted)
-        )
-        logits = jnp.where(drop, -jnp.inf, logits)
-        token = jax.random.categorical(
-            jax.random.fold_in(jax.random.wrap_key_data(options["key"]), index), logits, axis=-1
-        )
-    else:
-        token = jnp.argmax(logits, axis=-1)
-    token = jnp.where(finished, options["pad"], token.astype(jnp.int32))
-    return token, finished | jnp.isin(token, options["eos"])
+def _on_torch(fn: Any, *args: Any) -> Any:
+    """``fn`` (hfax-core's torch code) run on JAX values through torchax; JAX values back.
+
+    torch indexes with int64 tensors; JAX, without x64, computes them in int32 and warns each time.
+    """
+    with env(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Explicitly requested dtype int64", UserWarning)
+        return to_array(fn(*to_tensor(args)))
 
 
-def prefill(
-    model: Any,
-    static: Static,
-    params: Any,
-    ids: jax.Array,
-    prompt_mask: jax.Array,
-    options: dict[str, Any],
-    source: Any = None,
-) -> dict[str, Any]:
+def _whole(model: Any, tree: Any) -> Any:
+    """``tree`` replicated on every device of the model's mesh (unchanged without a mesh)."""
+    if model.mesh is None:
+        return tree
+    whole = jax.sharding.NamedSharding(model.mesh, jax.sharding.PartitionSpec())
+    return mesh.constrain(tree, lambda shape: whole)
+
+
+def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, arrays: Any,
+            source: Any = None) -> dict[str, Any]:  # fmt: skip
     """Run the prompt, fill the cache, and choose the first new token.
 
     For an encoder-decoder, ``ids`` is the decoder's start token and ``source`` the encoder's ``{"ids",
     "mask"}``: the encoder runs here, once.
     """
     batch, length = ids.shape
+    capacity = static.decoding.capacity
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
     # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
     # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
     logits, states, hidden = _step(
         model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source
     )
-    token, finished = _choose(static, logits, jnp.int32(0), jnp.zeros((batch,), bool), options)
-    tokens = jnp.full((batch, static.capacity), options["pad"], jnp.int32).at[:, 0].set(token)
-    valid = jnp.concatenate([prompt_mask, jnp.ones((batch, static.capacity), bool)], axis=1)
+    decoding = static.decoding
+    chosen = _on_torch(
+        lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
+    )
+    valid = jnp.concatenate([prompt_mask, jnp.ones((batch, capacity), bool)], axis=1)
     if static.encoder_decoder:
-        states = {**states, "self": slot_cache.grow(states["self"], static.capacity)}
+        states = {**states, "self": slot_cache.grow(states["self"], capacity)}
     else:
-        states = slot_cache.grow(states, static.capacity, in_place=_in_place(model, static))
+        states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {
-        "states": states,
-        "tokens": tokens,
-        "step": jnp.int32(1),
-        "finished": finished,
-        "valid": valid,
-    }
-    if not static.cache_argument:
-        state["prompt"] = ids  # a model without a cache reads the whole sequence at every step
+    state = {"tokens": _whole(model, chosen), "states": states, "valid": valid}
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden, "mask": source["mask"]}
     return state
 
 
-def decode(
-    model: Any,
-    static: Static,
-    params: Any,
-    state: dict[str, Any],
-    limit: jax.Array,
-    options: dict[str, Any],
-    transposed: frozenset[str] = frozenset(),
-) -> dict[str, Any]:
-    """Choose new tokens ``state["step"]`` up to ``limit`` (or until every row finished), in one while loop
-    that reads the ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
-    prompt_length = state["valid"].shape[1] - static.capacity
+def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
+           transposed: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
+    """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that reads the
+    ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
+    decoding = static.decoding
+    prompt_length = decoding.prompt
     seen = jnp.sum(state["valid"][:, :prompt_length], axis=1)
 
     def unfinished(state: dict[str, Any]) -> jax.Array:
-        return (state["step"] < limit) & ~jnp.all(state["finished"])
+        return _on_torch(tokens.running, state["tokens"], limit)
 
     def advance(state: dict[str, Any], params: Any = params) -> dict[str, Any]:
-        step = state["step"]
-        last = jax.lax.dynamic_slice_in_dim(state["tokens"], step - 1, 1, axis=1)
+        chosen = state["tokens"]
+        step = chosen["step"]
         slot = prompt_length + step - 1
-        positions = (seen + step - 1)[:, None]
-        length = state["valid"].shape[1]
         if static.cache_argument:
-            logits, states, _ = _step(
-                model,
-                static,
-                params,
-                state["states"],
-                last,
-                positions,
-                state["valid"],
-                slot[None],
-                slot,
-                state.get("source"),
-                masked=static.attends,
-                transposed=transposed,
-            )
+            last = _on_torch(lambda c: tokens.last_tokens(c, decoding), chosen)
+            positions = (seen + step - 1)[:, None]
+            logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None],
+                                      slot, state.get("source"), masked=static.attends, transposed=transposed)  # fmt: skip
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
-            sequence = jnp.concatenate([state["prompt"], state["tokens"]], axis=1)
+            length = state["valid"].shape[1]
             valid = state["valid"] & (jnp.arange(length) <= slot)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
-            logits, states, _ = _step(
-                model,
-                static,
-                params,
-                [],
-                sequence,
-                positions,
-                valid,
-                jnp.arange(length),
-                0,
-                at=slot,
-                transposed=transposed,
-            )
-        token, finished = _choose(static, logits, step, state["finished"], options)
-        tokens = jax.lax.dynamic_update_slice_in_dim(state["tokens"], token[:, None], step, axis=1)
-        return {**state, "states": states, "tokens": tokens, "step": step + 1, "finished": finished}
+            logits, states, _ = _step(model, static, params, [], chosen["ids"], positions, valid, jnp.arange(length), 0,
+                                      at=slot, transposed=transposed)  # fmt: skip
+        chosen, reorder = _on_torch(
+            lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
+        )
+        if reorder is not None:  # beam search: every row's cache now follows the beam it extends
+            states = jax.tree.map(lambda x: jnp.take(x, reorder, axis=0), states)
+        return {**state, "states": states, "tokens": chosen}
 
     if transposed:
         params = {name: value.T if name in transposed else value for name, value in params.items()}
@@ -447,178 +360,130 @@ def decode(
         )
     else:
         state = jax.lax.while_loop(unfinished, advance, state)
-    if (
-        model.mesh is not None
-    ):  # whole on every device, so every process of a multi-host mesh can read them
-        whole = jax.sharding.NamedSharding(model.mesh, jax.sharding.PartitionSpec())
-        state = {
-            **state,
-            **mesh.constrain(
-                {key: state[key] for key in ("tokens", "finished")}, lambda shape: whole
-            ),
-        }
-    return state
+    # Whole on every device, so every process of a multi-host mesh can read them.
+    return {**state, "tokens": _whole(model, state["tokens"])}
 
 
-def _generate_all(
-    model: Any,
-    params: Any,
-    ids: Any,
-    prompt_mask: Any,
-    source: Any,
-    limit: Any,
-    options: Any,
-    static: Static,
+def prefill_program(
+    model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, arrays: Any, static: Static
 ) -> Any:
-    state = prefill(model, static, params, ids, prompt_mask, options, source)
-    state = decode(
-        model,
-        static,
-        params,
-        state,
-        limit,
-        options,
-        _transposed_weights(model, static, ids.shape[0]),
+    return prefill(model, static, params, ids, prompt_mask, arrays, source)
+
+
+def decode_program(
+    model: Any, params: Any, state: Any, limit: Any, arrays: Any, static: Static
+) -> Any:
+    rows = state["valid"].shape[0]
+    return decode(
+        model, static, params, state, limit, arrays, _transposed_weights(model, static, rows)
     )
-    return state["tokens"], state["step"]
 
 
-def generate(
-    model: Any,
-    input_ids: Any,
-    attention_mask: Any = None,
-    *,
-    max_new_tokens: int | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | list[int] | None = None,
-    pad_token_id: int | None = None,
-    min_new_tokens: int | None = None,
-    forced_eos_token_id: int | None = None,
-    begin_suppress_tokens: list[int] | None = None,
-    seed: int | None = None,
-    streamer: Any = None,
-) -> jax.Array:
-    """Continue ``input_ids`` (``[batch, length]``, left-padded when lengths differ) on device.
+@dataclasses.dataclass
+class Run:
+    """One ``generate`` call on device: its static structure, traced settings and current state."""
 
-    Returns the prompt followed by ``max_new_tokens`` new tokens, ``[batch, length + max_new_tokens]``; a
-    row that produced EOS continues with ``pad_token_id``. For an encoder-decoder (T5, BART, ...)
-    ``input_ids`` go to the encoder and the result is the decoder's start token followed by the new
-    tokens, ``[batch, 1 + max_new_tokens]``, as transformers returns it. Unset arguments come from the model's
-    ``generation_config``, as in transformers; ``forced_eos_token_id`` makes the last new token EOS and
-    ``begin_suppress_tokens`` are never the first. Settings of the generation config that hfax does not
-    implement (repetition penalties, n-gram blocking, beams) are warned about. Greedy unless ``do_sample``; sampling is reproducible for a
-    given ``seed``. A ``streamer`` (``put``/``end``, e.g. ``transformers.TextStreamer``) receives tokens in
-    chunks of ``STREAM_CHUNK`` as they are decoded.
-    """
-    settings = dict(
-        max_new_tokens=max_new_tokens,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        min_new_tokens=min_new_tokens,
-        seed=seed,
-        forced_eos_token_id=forced_eos_token_id,
-        begin_suppress_tokens=begin_suppress_tokens,
-    )
-    ids, mask, s = resolve(model, input_ids, attention_mask, settings, OPTIONAL)
-    check_streamer(streamer)
-    batch = ids.shape[0]
-    max_new = int(s["max_new_tokens"])
-    started, before = time.perf_counter(), monitor.snapshot()
-    head = _head(model, ids, s)
-    if max_new == 0:
-        if streamer is not None:
-            streamer.put(head)
-            streamer.end()
-        return jax.device_put(head.astype(np.int32))
-
-    args, static = _arguments(model, ids, mask, s)
-    if streamer is None:
-        tokens, steps = model.program("generate", _generate_all)(*args, static=static)
-        tokens = np.asarray(tokens)
-    else:
-        tokens, steps = _stream(model, static, args, max_new, streamer, head)
-    after = monitor.snapshot()
-    model.last_generate_stats = GenerateStats(
-        new_tokens=int(steps) * batch,
-        seconds=time.perf_counter() - started,
-        compile_seconds=(after.compile_seconds - before.compile_seconds)
-        + (after.trace_seconds - before.trace_seconds),
-        compiles=after.compiles - before.compiles,
-    )
-    return jax.device_put(np.concatenate([head, tokens[:batch, :max_new]], axis=1).astype(np.int32))
+    static: Static
+    arrays: Any
+    state: Any
 
 
-def _arguments(
-    model: Any, ids: np.ndarray, mask: np.ndarray, s: dict[str, Any]
-) -> tuple[tuple[Any, ...], Static]:
-    """The generate program's arguments ``(params, ids, prompt_mask, source, limit, options)`` and its ``Static``.
+class JaxEngine:
+    """:class:`hfax.generation.driver.Engine` for a :class:`~hfax.backends.jax.model.JaxModel`."""
 
-    Prompts are left-padded into their bucket, with rows enough for every batch axis of the mesh, and split
-    over those axes; the settings are replicated. An encoder-decoder's prompt is the decoder's start token
-    and ``source`` the encoder's input, padded on the right into its bucket (its positions count from its
-    first token); ``source`` is ``None`` for decoder-only models.
-    """
-    length = ids.shape[1]
-    rows = mesh.batch_multiple(model.mesh)
-    encoder_decoder = is_encoder_decoder(model)
-    positioned = accepts(model.module, "position_ids") and not encoder_decoder
-    if encoder_decoder:
-        source_ids, source_mask = pad_prompts(ids, mask, s["pad_token_id"], rows, left=False)
-        source = mesh.shard_batch(
-            {"ids": source_ids, "mask": source_mask.astype(np.int32)}, model.mesh
-        )
-        start = decoder_start(model, ids, s)
-        padded_ids, padded_mask = pad_prompts(
-            start, np.ones_like(start, bool), s["pad_token_id"], rows, length=1
-        )
-    else:
-        padded_ids, padded_mask = pad_prompts(
-            ids, mask, s["pad_token_id"], rows, length=None if positioned else length
-        )
+    features = frozenset({"beams", "encoder_decoder"})
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.row_multiple = mesh.batch_multiple(model.mesh)
+
+    def start(self, plan: driver.Plan) -> Run:
+        model = self.model
+        static = _static(model, plan)
+        ids, prompt_mask, source, arrays = self.inputs(plan)
+        program = model.program("prefill", prefill_program)
+        return Run(static, arrays, program(model.params, ids, prompt_mask, source, arrays, static=static))
+
+    def inputs(self, plan: driver.Plan) -> tuple[Any, Any, Any, Any]:
+        """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
+        mesh's batch axes, settings whole on every device."""
+        mesh_ = self.model.mesh
+        ids, prompt_mask = mesh.shard_batch((plan.ids, plan.mask), mesh_)
         source = None
-    static = Static(
-        capacity=bucket(int(s["max_new_tokens"]), MIN_LENGTH_BUCKET),
-        do_sample=bool(s["do_sample"]),
+        if plan.source is not None:
+            source_ids, source_mask = plan.source
+            source = mesh.shard_batch({"ids": source_ids, "mask": source_mask.astype(np.int32)}, mesh_)
+        return ids, prompt_mask, source, mesh.replicate(plan.arrays, mesh_)
+
+    def advance(self, run: Run, limit: int) -> Run:
+        limit_array = mesh.replicate(np.int32(limit), self.model.mesh)
+        program = self.model.program("decode", decode_program, donate=("state",))
+        run.state = program(
+            self.model.params, run.state, limit_array, run.arrays, static=run.static
+        )
+        return run
+
+    def read(self, run: Run) -> dict[str, np.ndarray]:
+        chosen = run.state["tokens"]
+        _wait(chosen)
+        return {name: np.asarray(value) for name, value in chosen.items()}
+
+    def stop_rows(self, run: Run, rows: np.ndarray) -> Run:
+        chosen = run.state["tokens"]
+        finished = chosen["finished"] | mesh.replicate(rows, self.model.mesh)
+        run.state = {**run.state, "tokens": {**chosen, "finished": finished}}
+        return run
+
+    def counters(self) -> tuple[int, float]:
+        snapshot = monitor.snapshot()
+        return snapshot.compiles, snapshot.compile_seconds + snapshot.trace_seconds
+
+
+def _wait(tree: Any) -> None:
+    """Wait for the device in short sleeps, so that Ctrl-C reaches Python within a fraction of a second
+    (a blocking read would hold it until the whole decode loop ended)."""
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    while not all(leaf.is_ready() for leaf in leaves):
+        time.sleep(0.005)
+
+
+def _static(model: Any, plan: driver.Plan) -> Static:
+    encoder_decoder = plan.source is not None
+    return Static(
+        decoding=plan.decoding,
         layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
         mask_plan=masks.plan(model.config, model.module),
         cache_argument=_cache_argument(model),
-        pass_positions=positioned,
+        pass_positions=plan.positions,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
         encoder_decoder=encoder_decoder,
     )
-    options = {
-        "temperature": np.float32(s["temperature"]),
-        "top_k": np.int32(s["top_k"]),
-        "top_p": np.float32(s["top_p"]),
-        "min_new_tokens": np.int32(s["min_new_tokens"]),
-        "eos": np.asarray(s["eos_token_id"] or [-1], np.int32),
-        "pad": np.int32(s["pad_token_id"]),
-        "max_new": np.int32(s["max_new_tokens"]),
-        "forced_eos": np.int32(s["forced_eos_token_id"]),
-        "forced_bos": np.int32(s["forced_bos_token_id"] if encoder_decoder else -1),
-        "begin_suppress": np.asarray(list(s["begin_suppress_tokens"]) or [-1], np.int32),
-        "key": np.asarray(jax.random.key_data(jax.random.key(int(s["seed"])))),
-    }
-    limit, options = mesh.replicate((np.int32(s["max_new_tokens"]), options), model.mesh)
-    return (
-        model.params,
-        *mesh.shard_batch((padded_ids, padded_mask), model.mesh),
-        source,
-        limit,
-        options,
-    ), static
 
 
-def _head(model: Any, ids: np.ndarray, s: dict[str, Any]) -> np.ndarray:
-    """What the result starts with: the prompt, or for an encoder-decoder the decoder's start token."""
-    return decoder_start(model, ids, s) if is_encoder_decoder(model) else ids
+def generate(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
+    """transformers' ``generate`` on the JAX backend (:func:`hfax.generation.driver.generate`)."""
+    return driver.generate(model, JaxEngine(model), input_ids, attention_mask, **options)
+
+
+def start(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Run:
+    """What ``generate`` starts for these arguments: the request settled, bucketed and prefilled."""
+    from hfax.generation import settings
+
+    engine = JaxEngine(model)
+    request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
+    return engine.start(driver.plan(model, request, engine))
+
+
+def lower(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.stages.Lowered:
+    """The decode program ``generate`` runs for these arguments, lowered but not run (its prefill runs).
+
+    ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
+    collectives a mesh costs.
+    """
+    run = start(model, input_ids, attention_mask, **options)
+    limit = mesh.replicate(np.int32(run.static.decoding.capacity), model.mesh)
+    program = model.program("decode", decode_program, donate=("state",))
+    return program.lower(model.params, run.state, limit, run.arrays, static=run.static)
 
 
 #: Forward arguments of caches hfax's slot cache cannot stand in for (RWKV's state, XLNet's mems, ...).
@@ -639,53 +504,3 @@ def _cache_argument(model: Any) -> str:
             "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
         )
     return name
-
-
-def lower(
-    model: Any, input_ids: Any, attention_mask: Any = None, **settings: Any
-) -> jax.stages.Lowered:
-    """The program ``generate`` runs for these arguments, lowered but not run.
-
-    ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
-    collectives a mesh costs.
-    """
-    ids, mask, s = resolve(model, input_ids, attention_mask, settings, OPTIONAL)
-    args, static = _arguments(model, ids, mask, s)
-    return model.program("generate", _generate_all).lower(*args, static=static)
-
-
-def _stream(
-    model: Any, static: Static, args: tuple[Any, ...], max_new: int, streamer: Any, ids: np.ndarray
-) -> tuple[np.ndarray, int]:
-    params, prompt_ids, prompt_mask, source, _, options = args
-    streamer.put(ids)
-    state = model.program("prefill", prefill_program)(
-        params, prompt_ids, prompt_mask, source, options, static=static
-    )
-    sent = 0
-    while True:
-        limit = min(sent + STREAM_CHUNK, max_new)
-        limit_array = mesh.replicate(np.int32(limit), model.mesh)
-        state = model.program("decode", decode_program, donate=("state",))(
-            params, state, limit_array, options, static=static
-        )
-        step = int(state["step"])
-        tokens = np.asarray(state["tokens"])
-        streamer.put(tokens[: ids.shape[0], sent:step])
-        sent = step
-        if step >= max_new or bool(np.all(np.asarray(state["finished"]))):
-            break
-    streamer.end()
-    return tokens, sent
-
-
-def prefill_program(
-    model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, options: Any, static: Static
-) -> Any:
-    return prefill(model, static, params, ids, prompt_mask, options, source)
-
-
-def decode_program(
-    model: Any, params: Any, state: Any, limit: Any, options: Any, static: Static
-) -> Any:
-    return decode(model, static, params, state, limit, options)

@@ -1,0 +1,287 @@
+"""``generate`` for every backend: settle the request, pad it into its bucket, run the backend's engine
+in chunks, and assemble transformers' result.
+
+    model.generate(**inputs, **settings)
+      settings.prepare   transformers' GenerationConfig, processors and criteria; refusals   (host)
+      plan               prompt bucket, traced settings, the loop's static structure         (host)
+      engine.start       prefill: the prompt through the model, the first token              (device)
+      engine.advance     the decode loop up to a limit, or until every row finished          (device)
+      engine.read        the token state on the host, between chunks                         (host)
+      assemble           EOS / stop-string padding, lengths, output type and classes         (host)
+
+A backend's engine implements :class:`Engine`; the token choice inside its loop is
+:func:`hfax.generation.tokens.advance`, the same torch code on every backend. Without a streamer, stop
+strings or a time limit the loop runs in one chunk; the host waits for it in a way Ctrl-C interrupts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from hfax.generation import outputs, settings, tokens
+from hfax.generation.shapes import MIN_LENGTH_BUCKET, STREAM_CHUNK, accepts, bucket, pad_prompts
+
+#: New tokens per chunk when the host checks stop strings or a time limit between chunks.
+CHECK_CHUNK = 16
+
+
+@dataclasses.dataclass
+class GenerateStats:
+    """What the last ``generate`` call did: tokens, wall time, and the compilation inside it."""
+
+    new_tokens: int
+    seconds: float
+    compile_seconds: float
+    compiles: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of running (compile and trace time excluded)."""
+        running = self.seconds - self.compile_seconds
+        return self.new_tokens / running if running > 0 else float("nan")
+
+
+@dataclasses.dataclass
+class Plan:
+    """A request in its bucket, as an engine receives it.
+
+    ``ids``/``mask`` are the decoder's prompt rows left-padded into the bucket (``int32``/``bool``);
+    ``source`` the encoder's ``(ids, mask)`` padded on the right, or ``None``; ``decoding`` the loop's
+    static structure; ``arrays`` its traced settings (:func:`hfax.generation.tokens.host_arrays`).
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    source: tuple[np.ndarray, np.ndarray] | None
+    decoding: tokens.Decoding
+    arrays: dict[str, Any]
+    positions: bool  # whether the model takes position_ids (else its prompt keeps its own length)
+
+
+class Engine(Protocol):
+    """What a backend implements for ``generate``: run the model; the core does the rest."""
+
+    #: What the engine runs beyond greedy search and sampling: ``"beams"``, ``"encoder_decoder"``.
+    features: frozenset[str]
+    #: Rows are padded to a multiple of this (the mesh's batch axes).
+    row_multiple: int
+
+    def start(self, plan: Plan) -> Any:
+        """Prefill: run the prompt, choose the first token; returns the run's device state."""
+
+    def advance(self, run: Any, limit: int) -> Any:
+        """Decode until ``limit`` new tokens exist or every row finished."""
+
+    def read(self, run: Any) -> dict[str, np.ndarray]:
+        """The token state (:mod:`hfax.generation.tokens`) on the host; waits for the device."""
+
+    def stop_rows(self, run: Any, rows: np.ndarray) -> Any:
+        """The run with ``rows`` (bool ``[rows]``) marked finished."""
+
+    def counters(self) -> tuple[int, float]:
+        """Programs compiled and seconds spent tracing and compiling so far in this process."""
+
+
+def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
+    """Pad ``request`` into its bucket and split its settings into static structure and traced arrays."""
+    encoder_decoder = request.source is not None
+    positions = accepts(model.module, "position_ids") and not encoder_decoder
+    length = None if positions or encoder_decoder else request.ids.shape[1]
+    ids, mask = pad_prompts(request.ids, request.mask, request.filler, engine.row_multiple * request.expand,
+                            length=1 if encoder_decoder else length)  # fmt: skip
+    source = None
+    if encoder_decoder:
+        source = pad_prompts(
+            *request.source, request.filler, engine.row_multiple * request.expand, left=False
+        )
+    config = request.config
+    keep = max(2, 1 + len(request.eos)) * request.num_beams
+    decoding = tokens.Decoding(
+        steps=tuple(step.static for step in request.steps),
+        do_sample=request.do_sample,
+        num_beams=request.num_beams,
+        prompt=ids.shape[1],
+        capacity=bucket(request.max_new, MIN_LENGTH_BUCKET),
+        scores=bool(config.return_dict_in_generate and config.output_scores),
+        logits=bool(config.return_dict_in_generate and config.output_logits),
+        early_stopping=config.early_stopping if request.num_beams > 1 else False,
+        beams_to_keep=keep if request.num_beams > 1 else 0,
+    )
+    return Plan(ids, mask, source, decoding, tokens.host_arrays(request, request.rows), positions)
+
+
+def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = None, *,
+             streamer: Any = None, **options: Any) -> Any:  # fmt: skip
+    """transformers' ``generate`` on ``engine``: see the module docstring."""
+    check_streamer(streamer)
+    request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
+    kind = outputs.array_kind(input_ids)
+    started, (compiles, compile_seconds) = time.perf_counter(), engine.counters()
+    if streamer is not None:
+        if request.num_beams > 1:
+            raise NotImplementedError(
+                "a streamer cannot follow beam search (transformers refuses it too)"
+            )
+        _put(streamer, request.ids)
+    steps, result = 0, None
+    if request.max_new > 0:
+        job = plan(model, request, engine)
+        result, steps = _run(engine, job, request, streamer)
+    if streamer is not None:
+        streamer.end()
+    sequences, extras = _assemble(request, job if request.max_new > 0 else None, result, steps)
+    after_compiles, after_seconds = engine.counters()
+    model.last_generate_stats = GenerateStats(
+        new_tokens=steps * request.batch,
+        seconds=time.perf_counter() - started,
+        compile_seconds=after_seconds - compile_seconds,
+        compiles=after_compiles - compiles,
+    )
+    config = request.config
+    return outputs.assemble(
+        sequences, kind, input_ids, request.source is not None, request.num_beams > 1,
+        bool(config.return_dict_in_generate), extras,
+    )  # fmt: skip
+
+
+def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) -> tuple[Any, int]:
+    """Run the engine in chunks; returns the last host state and the new tokens the result keeps."""
+    checks = request.stop is not None or request.deadline is not None
+    chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
+    run = engine.start(job)
+    rows, prompt = request.rows, job.decoding.prompt
+    ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
+    sent = 0
+    while True:
+        limit = min(sent + chunk, request.max_new)
+        run = engine.advance(run, limit)
+        state = engine.read(run)
+        step = int(state["step"])
+        new = state["ids"][:rows, prompt : prompt + step]
+        if request.num_beams == 1:
+            ends = np.minimum(ends, _eos_ends(new, request.eos, sent))
+            stopped = _stop_string_ends(request, state["ids"][:rows], prompt, sent, step, ends)
+            if stopped is not None:
+                ends = np.minimum(ends, stopped)
+                run = engine.stop_rows(
+                    run, _padded_rows(ends < request.max_new, state["finished"].shape[0])
+                )
+            if streamer is not None:
+                _put(streamer, _padded_tokens(new, ends, sent, step, request))
+        sent = step
+        finished = state["finished"][:rows].all() or (ends <= step).all()
+        late = request.deadline is not None and time.monotonic() > request.deadline
+        if step >= request.max_new or finished or late:
+            break
+    if request.num_beams == 1:
+        step = int(min(step, ends.max()))
+    state["ends"] = ends
+    return state, step
+
+
+def _padded_rows(rows: np.ndarray, total: int) -> np.ndarray:
+    return np.concatenate([rows, np.zeros((total - rows.shape[0],), bool)])
+
+
+def _eos_ends(new: np.ndarray, eos: list[int], start: int) -> np.ndarray:
+    """Per row, one past its first EOS among the new tokens from ``start`` on (or the buffer's end)."""
+    ends = np.full((new.shape[0],), np.iinfo(np.int64).max, np.int64)
+    if not eos:
+        return ends
+    hits = np.isin(new[:, start:], eos)
+    found = hits.any(1)
+    ends[found] = start + hits[found].argmax(1) + 1
+    return ends
+
+
+def _stop_string_ends(request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int,
+                      ends: np.ndarray) -> np.ndarray | None:  # fmt: skip
+    """Per row, one past the new token that completes a stop string (transformers' own
+    ``StopStringCriteria`` asked at every new position), for rows still running."""
+    if request.stop is None:
+        return None
+    import torch
+
+    found = np.full_like(ends, np.iinfo(np.int64).max)
+    first = prompt - request.width
+    for t in range(start, step):
+        open_rows = (ends > t) & (found > t)
+        if not open_rows.any():
+            break
+        sequence = torch.from_numpy(ids[:, first : prompt + t + 1].astype(np.int64))
+        hit = np.asarray(request.stop(sequence, None)).reshape(-1) & open_rows
+        found[hit] = t + 1
+    return found
+
+
+def _padded_tokens(
+    new: np.ndarray, ends: np.ndarray, start: int, step: int, request: settings.Request
+) -> np.ndarray:
+    pad = request.pad if request.pad is not None else request.filler
+    columns = np.arange(new.shape[1])[None]
+    return np.where(columns >= ends[:, None], pad, new)[:, start:step]
+
+
+def _put(streamer: Any, ids: np.ndarray) -> None:
+    import torch
+
+    streamer.put(torch.from_numpy(np.ascontiguousarray(ids.astype(np.int64))))
+
+
+def _assemble(
+    request: settings.Request, job: Plan | None, state: Any, steps: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The sequences ``[rows, width + steps]`` with transformers' padding, and the extras of its output."""
+    head = request.ids.astype(np.int64)
+    if job is None:
+        return head, {}
+    config = request.config
+    extras: dict[str, Any] = {}
+    prompt, rows = job.decoding.prompt, request.rows
+    if request.num_beams > 1:
+        new, extras = _beam_results(request, state)
+        steps = new.shape[1]
+        head = head[:: request.expand].repeat(config.num_return_sequences, axis=0)
+    else:
+        new = _padded_tokens(state["ids"][:rows, prompt:], state["ends"], 0, steps, request)
+    if config.return_dict_in_generate:
+        for name in ("scores", "logits"):
+            if name in state:
+                extras[name] = [state[name][:rows, t] for t in range(steps)]
+    return np.concatenate([head, new[:, :steps].astype(np.int64)], axis=1), extras
+
+
+def _beam_results(
+    request: settings.Request, state: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The best ``num_return_sequences`` hypotheses per prompt, cut as transformers cuts them."""
+    count = request.config.num_return_sequences
+    batch = request.rows // request.num_beams
+    ids = state["best_ids"][:batch, :count].reshape(batch * count, -1)
+    indices = state["best_indices"][:batch, :count].reshape(batch * count, -1)
+    lengths = (indices >= 0).sum(1)
+    longest = int(lengths.max()) if lengths.size else 0
+    eos = request.eos
+    pad = request.pad
+    fill = (pad or eos[0]) if eos else -1  # transformers' `pad_token_id or eos_token_id[0]`
+    columns = np.arange(ids.shape[1])[None]
+    ids = np.where(columns < lengths[:, None], ids, fill)[:, :longest]
+    extras = {
+        "sequences_scores": state["best_scores"][:batch, :count].reshape(-1).astype(np.float32),
+        "beam_indices": indices[:, :longest].astype(np.int64),
+    }
+    return ids, extras
+
+
+def check_streamer(streamer: Any) -> None:
+    """Reject a streamer without ``put`` and ``end`` before anything runs."""
+    if streamer is not None and not (
+        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+    ):
+        raise TypeError(
+            "streamer must have put() and end() methods, like transformers.TextStreamer"
+        )

@@ -1,0 +1,55 @@
+"""What ``generate`` hands back: the array type it was given, and transformers' output classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def array_kind(value: Any) -> str:
+    """``"torch"``, ``"jax"`` or ``"numpy"``: the type ``generate``'s result takes after ``input_ids``."""
+    module = type(value).__module__
+    if hasattr(value, "detach") and module.startswith("torch"):
+        return "torch"
+    if module.startswith(("jax", "jaxlib")):
+        return "jax"
+    return "numpy"
+
+
+def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
+    """``array`` as ``kind`` (a torch tensor on ``like``'s device when ``like`` is one)."""
+    if array is None:
+        return None
+    if kind == "torch":
+        import torch
+
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        device = getattr(like, "device", None)
+        return tensor.to(device) if device is not None and device.type != "cpu" else tensor
+    if kind == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(array)
+    return array
+
+
+def assemble(sequences: np.ndarray, kind: str, like: Any, encoder_decoder: bool, beams: bool,
+             return_dict: bool, extras: dict[str, Any]) -> Any:  # fmt: skip
+    """The result as transformers returns it: the sequences alone, or its ``Generate*Output`` with
+    ``extras`` (``scores``, ``logits``: per-step ``[rows, vocab]`` arrays; ``sequences_scores``,
+    ``beam_indices``) converted to ``kind``."""
+    ids = convert(sequences.astype(np.int64), kind, like)
+    if not return_dict:
+        return ids
+    from transformers.generation import utils
+
+    name = f"Generate{'Beam' if beams else ''}{'EncoderDecoder' if encoder_decoder else 'DecoderOnly'}Output"
+    fields: dict[str, Any] = {"sequences": ids}
+    for key in ("scores", "logits"):
+        if extras.get(key) is not None:
+            fields[key] = tuple(convert(step, kind, like) for step in extras[key])
+    for key in ("sequences_scores", "beam_indices"):
+        if key in extras:
+            fields[key] = convert(extras[key], kind, like)
+    return getattr(utils, name)(**fields)

@@ -1,0 +1,367 @@
+"""A ``generate`` call's settings, decided by transformers itself, then checked against what hfax runs.
+
+transformers' own ``GenerationMixin`` methods, called on the PyTorch module the backend holds, merge the
+call's keyword arguments with ``generation_config=`` and the model's generation config, validate them,
+pick the special tokens and the generated length, and build the logits processors and stopping criteria
+exactly as ``transformers.GenerationMixin.generate`` would. hfax then refuses, before anything compiles,
+what it cannot run: every setting either reaches the compiled loop or is named in an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from hfax.generation import processors
+from hfax.generation.shapes import as_ids
+
+#: Arguments of transformers' ``generate`` that hfax cannot honour inside a compiled loop, with why.
+REFUSED_ARGUMENTS = {
+    "logits_processor": "custom logits processors are Python run on the host every token",
+    "stopping_criteria": "custom stopping criteria are Python run on the host every token",
+    "prefix_allowed_tokens_fn": "it is a Python callback run on the host every token",
+    "assistant_model": "assisted decoding is not implemented",
+    "negative_prompt_ids": "classifier-free guidance is not implemented",
+    "negative_prompt_attention_mask": "classifier-free guidance is not implemented",
+    "custom_generate": "hfax runs its own compiled loop",
+    "synced_gpus": "hfax's loop is one program on every device already",
+}
+#: Generation-config fields that change what comes out but build no processor, with why they are refused.
+REFUSED_FIELDS = {
+    "output_attentions": "hfax does not collect attention weights",
+    "output_hidden_states": "hfax does not collect hidden states",
+    "token_healing": "token healing is not implemented",
+    "low_memory": "transformers itself no longer supports it",
+}
+#: Criteria handled by the compiled loop (length, EOS) or between its chunks on the host (stop strings,
+#: time).
+CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria", "StopStringCriteria", "MaxTimeCriteria")
+#: transformers' generation modes hfax runs, and the backend feature each needs.
+MODES = {"greedy_search": None, "sample": None, "beam_search": "beams"}
+
+
+@dataclasses.dataclass
+class Request:
+    """Everything a ``generate`` call asks for, settled on the host.
+
+    ``ids``/``mask`` are the decoder's prompt rows after expansion (``expand`` rows per caller row: the
+    beams or the returned sequences), ``source`` the encoder's ``(ids, mask)`` for an encoder-decoder.
+    ``width`` is the length transformers counts as the input (``cur_len`` before the first new token).
+    ``steps`` are the logits processors (:mod:`hfax.generation.processors`); ``stop`` transformers'
+    ``StopStringCriteria`` (checked on the host) or ``None``.
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    source: tuple[np.ndarray, np.ndarray] | None
+    batch: int
+    expand: int
+    config: Any
+    width: int
+    max_new: int
+    eos: list[int]
+    pad: int | None
+    filler: int
+    do_sample: bool
+    num_beams: int
+    seed: int
+    steps: tuple[processors.Step, ...]
+    stop: Any = None
+    deadline: float | None = None
+    vocab: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+
+def _refuse_arguments(options: dict[str, Any]) -> None:
+    for name, why in REFUSED_ARGUMENTS.items():
+        value = options.pop(name, None)
+        if (
+            value is not None
+            and value is not False
+            and not (hasattr(value, "__len__") and not len(value))
+        ):
+            raise NotImplementedError(f"hfax's generate does not take {name}: {why}")
+
+
+def _check_leftovers(module: Any, leftovers: dict[str, Any]) -> None:
+    """transformers hands back what is not a generation setting: model inputs, or mistakes."""
+    import inspect
+
+    inputs = set(inspect.signature(module.forward).parameters)
+    for name in sorted(leftovers):
+        if name in inputs:
+            raise NotImplementedError(
+                f"hfax's generate takes input_ids and attention_mask as the model's inputs; {name!r} is "
+                f"an input of {type(module).__name__} it does not pass yet. Run the forward with hfax "
+                "(model(...)), or transformers' own generate"
+            )
+        raise TypeError(
+            f"generate() got an unexpected keyword argument {name!r}: it is neither a GenerationConfig "
+            f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, rng, "
+            "generation_config and tokenizer)"
+        )
+
+
+def _check_fields(config: Any, features: frozenset[str]) -> str:
+    """The generation mode, after refusing what hfax cannot run."""
+    for name, why in REFUSED_FIELDS.items():
+        if getattr(config, name, None):
+            raise NotImplementedError(
+                f"hfax's generate does not support {name}={getattr(config, name)!r}: {why}"
+            )
+    if not isinstance(config.num_beams, int) or config.num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1, got {config.num_beams!r}")
+    if not isinstance(config.num_return_sequences, int) or config.num_return_sequences < 1:
+        raise ValueError(
+            f"num_return_sequences must be an integer >= 1, got {config.num_return_sequences!r}"
+        )
+    mode = str(getattr(config.get_generation_mode(), "value", config.get_generation_mode()))
+    if mode not in MODES:
+        raise NotImplementedError(
+            f"hfax's generate runs greedy search, sampling and beam search; these settings ask for "
+            f"transformers' {mode!r} mode"
+        )
+    if MODES[mode] and MODES[mode] not in features:
+        raise NotImplementedError(
+            f"this backend's generate does not implement {mode} (it supports {sorted(features)})"
+        )
+    if mode == "beam_search" and config.do_sample:
+        raise NotImplementedError(
+            "hfax's beam search is deterministic: use do_sample=False with num_beams > 1"
+        )
+    return mode
+
+
+#: Ranges of the sampling settings: transformers skips a processor whose setting is out of range (a
+#: top_p of 1.5 builds none), so hfax checks them itself rather than ignore them.
+RANGES = {
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "typical_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "epsilon_cutoff": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "eta_cutoff": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "repetition_penalty": (lambda v: v > 0, "a number > 0 (1.0 disables it)"),
+    "top_k": (lambda v: _is_count(v), "an integer >= 0 (0 disables it)"),
+    "no_repeat_ngram_size": (lambda v: _is_count(v), "an integer >= 0 (0 disables it)"),
+}
+
+
+def _is_count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 0
+
+
+def _check_ranges(config: Any) -> None:
+    for name, (ok, what) in RANGES.items():
+        value = getattr(config, name, None)
+        if value is not None and not (isinstance(value, (int, float, np.number)) and ok(value)):
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+    if config.do_sample and config.temperature is not None and not config.temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 when sampling, got {config.temperature!r}; use do_sample=False for greedy"
+        )
+
+
+def _count(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _seed(seed: Any, rng: Any, do_sample: bool) -> int:
+    """The sampling seed: ``seed``, else one drawn from ``rng`` (a JAX key), else from torch's global
+    generator, so that unseeded calls differ and ``torch.manual_seed`` makes them reproducible."""
+    if seed is not None and rng is not None:
+        raise ValueError("pass seed= or rng=, not both")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        return int(seed) & 0x7FFFFFFF
+    if rng is not None:
+        import jax
+
+        data = np.asarray(
+            jax.random.key_data(rng)
+            if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+            else rng
+        )
+        return int(np.bitwise_xor.reduce(data.astype(np.uint32).reshape(-1))) & 0x7FFFFFFF
+    if not do_sample:
+        return 0
+    import torch
+
+    return int(torch.randint(0, 2**31 - 1, ()))
+
+
+def _vocab(module: Any) -> int:
+    return int(module.get_input_embeddings().num_embeddings)
+
+
+def _check_ids(ids: np.ndarray, vocab: int, name: str = "input_ids") -> None:
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty ({ids.shape}): generate needs at least one prompt token")
+    if ids.min() < 0 or ids.max() >= vocab:
+        bad = ids[(ids < 0) | (ids >= vocab)][0]
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer matches the model"
+        )
+
+
+def _mask(ids: np.ndarray, attention_mask: Any, pad: int | None, eos: list[int]) -> np.ndarray:
+    if attention_mask is None:
+        # transformers infers padding from the pad token when it cannot be mistaken for EOS.
+        infer = pad is not None and pad not in eos and (ids == pad).any()
+        return (ids != pad) if infer else np.ones_like(ids, dtype=bool)
+    mask = as_ids("attention_mask", attention_mask)
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {mask.shape} but input_ids has {ids.shape}")
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("attention_mask must hold only 0 and 1")
+    return mask.astype(bool)
+
+
+def _ids_list(tensor: Any) -> list[int]:
+    return [] if tensor is None else [int(t) for t in np.asarray(tensor).reshape(-1)]
+
+
+def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, Any],
+            features: frozenset[str]) -> Request:  # fmt: skip
+    """Settle a ``generate`` call the way transformers would, or refuse it with an error naming why.
+
+    ``model`` has ``module`` (the PyTorch model), ``config`` and ``generation_config``; ``options`` are
+    generate's keyword arguments other than ``streamer``; ``features`` what the backend's engine runs
+    (``"beams"``, ``"encoder_decoder"``).
+    """
+    import torch
+    from transformers.generation.logits_process import LogitsProcessorList
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+    module = model.module
+    options = dict(options)
+    seed, rng = options.pop("seed", None), options.pop("rng", None)
+    tokenizer = options.pop("tokenizer", None)
+    generation_config = options.pop("generation_config", None)
+    _refuse_arguments(options)
+    for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
+        _count(name, options.get(name))
+    has_default = {
+        name: options.get(name) is None
+        and getattr(generation_config, name, None) is None
+        and getattr(module.generation_config, name, None) is None
+        for name in ("max_length", "min_length")
+    }
+    config, leftovers = module._prepare_generation_config(generation_config, **options)
+    _check_leftovers(module, leftovers)
+    mode = _check_fields(config, features)
+    _check_ranges(config)
+    for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
+        _count(name, getattr(config, name, None))
+
+    vocab = _vocab(module)
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    if encoder_decoder and "encoder_decoder" not in features:
+        raise NotImplementedError("this backend's generate does not run encoder-decoder models")
+    ids = as_ids("input_ids", input_ids)
+    _check_ids(ids, vocab)
+    batch = ids.shape[0]
+    module._prepare_special_tokens(
+        config, attention_mask is not None, device="cpu", batch_size=batch
+    )
+    eos = _ids_list(config._eos_token_tensor)
+    pad_tensor = config._pad_token_tensor
+    pad = None if pad_tensor is None else int(pad_tensor)
+    mask = _mask(ids, attention_mask, pad, eos)
+    filler = pad if pad is not None and 0 <= pad < vocab else 0  # what padding slots hold on device
+
+    source = None
+    if encoder_decoder:
+        source = (ids, mask)
+        start = config._decoder_start_token_tensor
+        if start is None:
+            raise ValueError(
+                f"{type(module).__name__} is an encoder-decoder without a decoder_start_token_id (or "
+                "bos_token_id) in its generation config; set model.generation_config.decoder_start_token_id"
+            )
+        start = np.asarray(start).reshape(-1)
+        ids = np.broadcast_to(start[:, None] if start.size > 1 else start[None], (batch, 1)).astype(
+            np.int64
+        )
+        mask = np.ones_like(ids, dtype=bool)
+    width = ids.shape[1]
+    torch_ids = torch.from_numpy(ids)
+    config = module._prepare_generated_length(
+        generation_config=config,
+        has_default_max_length=has_default["max_length"],
+        has_default_min_length=has_default["min_length"],
+        model_input_name="input_ids",
+        input_ids_length=width,
+        inputs_tensor=torch.from_numpy(source[0] if source else ids),
+    )
+    module._validate_generated_length(config, width, has_default["max_length"])
+    _check_positions(model, width, config.max_length, source)
+
+    expand = max(config.num_beams, config.num_return_sequences)
+    model_kwargs = (
+        {"attention_mask": torch.from_numpy(mask.astype(np.int64))} if not encoder_decoder else {}
+    )
+    steps = processors.translate(
+        module._get_logits_processor(
+            generation_config=config,
+            input_ids_seq_length=width,
+            encoder_input_ids=torch.from_numpy(source[0]) if source else torch_ids,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=LogitsProcessorList(),
+            device="cpu",
+            model_kwargs=model_kwargs,
+        ),
+        vocab,
+    )
+    criteria = module._get_stopping_criteria(config, StoppingCriteriaList(), tokenizer=tokenizer)
+    unknown = [type(c).__name__ for c in criteria if type(c).__name__ not in CRITERIA]
+    if unknown:
+        raise NotImplementedError(f"hfax's generate cannot run the stopping criteria {unknown}")
+    stop = next((c for c in criteria if type(c).__name__ == "StopStringCriteria"), None)
+    if stop is not None and config.num_beams > 1:
+        raise NotImplementedError("hfax's beam search does not take stop_strings; use eos_token_id")
+    deadline = time.monotonic() + config.max_time if config.max_time is not None else None
+    if expand > 1:
+        ids, mask = np.repeat(ids, expand, axis=0), np.repeat(mask, expand, axis=0)
+        if source is not None:
+            source = (np.repeat(source[0], expand, axis=0), np.repeat(source[1], expand, axis=0))
+    return Request(
+        ids=ids,
+        mask=mask,
+        source=source,
+        batch=batch,
+        expand=expand,
+        config=config,
+        width=width,
+        max_new=int(config.max_length) - width,
+        eos=eos,
+        pad=pad,
+        filler=filler,
+        do_sample=bool(config.do_sample),
+        num_beams=int(config.num_beams) if mode == "beam_search" else 1,
+        seed=_seed(seed, rng, bool(config.do_sample)),
+        steps=steps,
+        stop=stop,
+        deadline=deadline,
+        vocab=vocab,
+    )
+
+
+def _check_positions(model: Any, width: int, max_length: int, source: Any) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    needed = max(max_length, source[0].shape[1] if source else 0)
+    if limit and limit > 0 and needed > limit:  # -1: unbounded (XLNet)
+        raise ValueError(
+            f"the prompt ({width if source is None else source[0].shape[1]} tokens) and the tokens asked for "
+            f"need {needed} positions, more than the model's max_position_embeddings ({limit}); shorten the "
+            "prompt or ask for fewer tokens"
+        )

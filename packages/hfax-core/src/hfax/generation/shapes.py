@@ -1,0 +1,73 @@
+"""Shapes that keep the number of compiled programs small: buckets, padding, and the inputs' checks.
+
+Backend-neutral: numpy and the model's config only. No torch or jax is imported here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+#: Prompt lengths and new-token counts are padded to powers of two from here, so few programs serve all.
+MIN_LENGTH_BUCKET = 16
+#: How many tokens a streamer receives at a time (one host sync per chunk).
+STREAM_CHUNK = 8
+
+
+def bucket(n: int, minimum: int) -> int:
+    """The smallest power-of-two multiple of ``minimum`` that holds ``n``."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+def as_ids(name: str, value: Any) -> np.ndarray:
+    """Token ids (numpy, torch, JAX, lists) as an int64 ``[batch, length]`` array, or a clear error."""
+    if hasattr(value, "detach"):  # a torch tensor, on any device
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.ndim == 1:
+        array = array[None]
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got {array.shape}")
+    if array.dtype == np.bool_ and name == "input_ids":
+        raise TypeError(f"{name} holds booleans; pass token ids from the tokenizer")
+    if (
+        array.size
+        and not np.issubdtype(array.dtype, np.integer)
+        and not np.issubdtype(array.dtype, np.bool_)
+    ):
+        raise TypeError(
+            f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer"
+        )
+    return array.astype(np.int64)
+
+
+def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1, *,
+                length: int | None = None, left: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to ``length`` or
+    else a power-of-two multiple of :data:`MIN_LENGTH_BUCKET`, on the left (or the right: an encoder's input,
+    whose positions count from its first token). Filler rows repeat row 0 and are discarded after."""
+    batch, width = ids.shape
+    batch_size = -(-bucket(batch, 1) // row_multiple) * row_multiple
+    size = bucket(width, MIN_LENGTH_BUCKET) if length is None else length
+    if size < width:
+        raise ValueError(f"cannot pad {width} tokens into {size}")
+    padded_ids = np.full((batch_size, size), pad_token_id, np.int32)
+    padded_mask = np.zeros((batch_size, size), bool)
+    columns = slice(size - width, size) if left else slice(0, width)
+    padded_ids[:batch, columns], padded_mask[:batch, columns] = ids, mask
+    padded_ids[batch:], padded_mask[batch:] = padded_ids[0], padded_mask[0]
+    return padded_ids, padded_mask
+
+
+def accepts(module: Any, argument: str) -> bool:
+    """Whether a transformers model's ``forward`` names ``argument`` (``position_ids``, ``logits_to_keep``, ...).
+
+    One reaching only ``**kwargs`` may be ignored: transformers' BART-style decoders take ``position_ids``
+    there and count positions from the cache themselves.
+    """
+    return argument in inspect.signature(module.forward).parameters
