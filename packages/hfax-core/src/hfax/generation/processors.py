@@ -202,20 +202,24 @@ def apply(steps: tuple[tuple[str, tuple[int, ...]], ...], arrays: list[dict[str,
 
 
 def token_mask(ids: Any, vocab: int) -> Any:
-    """``[vocab]`` bool: which tokens ``ids`` (1-D, -1 = none) names."""
+    """``[vocab]`` bool: which tokens ``ids`` (1-D; -1, or an id past the vocabulary: none) names."""
     import torch
 
     hits = torch.zeros((vocab,), dtype=torch.float32, device=ids.device)
-    weights = (ids >= 0).to(torch.float32)
-    return hits.scatter_add(0, ids.clamp(min=0).to(torch.int64), weights) > 0
+    weights = ((ids >= 0) & (ids < vocab)).to(torch.float32)
+    return hits.scatter_add(0, ids.clamp(0, vocab - 1).to(torch.int64), weights) > 0
 
 
 def _rows_mask(ids: Any, weights: Any, vocab: int) -> Any:
-    """``[rows, vocab]`` float: per row, the sum of ``weights`` ``[rows, n]`` at token ``ids`` ``[rows, n]``."""
+    """``[rows, vocab]`` float: per row, the sum of ``weights`` ``[rows, n]`` at token ``ids`` ``[rows, n]``
+    (ids outside the vocabulary count nowhere)."""
     import torch
 
     hits = torch.zeros((ids.shape[0], vocab), dtype=torch.float32, device=ids.device)
-    return hits.scatter_add(1, ids.clamp(min=0).to(torch.int64), weights.to(torch.float32))
+    inside = ((ids >= 0) & (ids < vocab)).to(torch.float32)
+    return hits.scatter_add(
+        1, ids.clamp(0, vocab - 1).to(torch.int64), weights.to(torch.float32) * inside
+    )
 
 
 def _last_tokens(history: History, count: int) -> Any:

@@ -156,6 +156,21 @@ def _is_count(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 0
 
 
+#: Generation-config fields holding a token id (or, for EOS, a list of them).
+TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id",
+                "forced_bos_token_id", "forced_eos_token_id")  # fmt: skip
+
+
+def _check_token_ids(config: Any) -> None:
+    for name in TOKEN_FIELDS:
+        value = getattr(config, name, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if value is not None and not all(_is_count(v) for v in values):
+            raise ValueError(
+                f"{name} must be a token id (an integer >= 0) or a list of them, got {value!r}"
+            )
+
+
 def _check_ranges(config: Any) -> None:
     for name, (ok, what) in RANGES.items():
         value = getattr(config, name, None)
@@ -257,9 +272,12 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         for name in ("max_length", "min_length")
     }
     config, leftovers = module._prepare_generation_config(generation_config, **options)
+    mode = _check_fields(
+        config, features
+    )  # first: it names settings transformers passes on as inputs
     _check_leftovers(module, leftovers)
-    mode = _check_fields(config, features)
     _check_ranges(config)
+    _check_token_ids(config)
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
         _count(name, getattr(config, name, None))
 

@@ -309,7 +309,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
         states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {"tokens": _whole(model, chosen), "states": states, "valid": valid}
+    state = {"tokens": chosen, "states": states, "valid": valid}
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden, "mask": source["mask"]}
     return state
@@ -402,7 +402,9 @@ class JaxEngine:
         static = _static(model, plan)
         ids, prompt_mask, source, arrays = self.inputs(plan)
         program = model.program("prefill", prefill_program)
-        return Run(static, arrays, program(model.params, ids, prompt_mask, source, arrays, static=static))
+        return Run(
+            static, arrays, program(model.params, ids, prompt_mask, source, arrays, static=static)
+        )
 
     def inputs(self, plan: driver.Plan) -> tuple[Any, Any, Any, Any]:
         """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
@@ -412,7 +414,9 @@ class JaxEngine:
         source = None
         if plan.source is not None:
             source_ids, source_mask = plan.source
-            source = mesh.shard_batch({"ids": source_ids, "mask": source_mask.astype(np.int32)}, mesh_)
+            source = mesh.shard_batch(
+                {"ids": source_ids, "mask": source_mask.astype(np.int32)}, mesh_
+            )
         return ids, prompt_mask, source, mesh.replicate(plan.arrays, mesh_)
 
     def advance(self, run: Run, limit: int) -> Run:
@@ -474,7 +478,9 @@ def start(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any
     return engine.start(driver.plan(model, request, engine))
 
 
-def lower(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.stages.Lowered:
+def lower(
+    model: Any, input_ids: Any, attention_mask: Any = None, **options: Any
+) -> jax.stages.Lowered:
     """The decode program ``generate`` runs for these arguments, lowered but not run (its prefill runs).
 
     ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the

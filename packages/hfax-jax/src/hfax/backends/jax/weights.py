@@ -1,5 +1,5 @@
-"""Moving a PyTorch model's weights into JAX arrays placed on devices: from the module's host tensors,
-or read from the safetensors checkpoint straight into each device's piece."""
+"""Moving a PyTorch model's weights into JAX arrays placed on devices (from the module's host tensors, or
+read from the safetensors checkpoint straight into each device's piece), and back to the host."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(jnp.bfloat16)
     return tensor.numpy()
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX or numpy array as a CPU torch tensor, gathered whole (bfloat16 through its bit pattern, which
+    numpy cannot hand torch): the inverse of :func:`host_array`."""
+    array = np.array(array)  # a writable copy: torch warns on JAX's read-only host buffers
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:
@@ -112,3 +121,12 @@ def _install(
             )
         registry[name] = moved[id(tensor)]
     return params
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX (or numpy) array as a CPU torch tensor, gathered from its devices (bfloat16 through its bit
+    pattern): the inverse of :func:`host_array`."""
+    array = np.asarray(jax.device_get(array))
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
