@@ -114,20 +114,14 @@ class AutoModelForTPU:
         """Load ``name_or_path`` (a Hub id or local dir; ``None`` = hfax's default model) on ``backend``.
 
         ``hf_kwargs`` go to transformers' ``from_pretrained`` (``dtype``, ``gguf_file``, ``revision``,
-<<<<<<< HEAD
-        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``). Before any
-        weight is read, the bytes each device will hold are logged (logger ``hfax``) and checked against the
-        device's memory: a model that cannot fit raises :class:`~hfax.registry.DeviceMemoryError`.
-        A safetensors checkpoint is read straight into the devices' arrays (``hfax_load_weights``); GGUF,
-        ``.bin`` and checkpoints that need transformers' conversions load through transformers first
-        (docs/SHARDING.md, "Host memory while loading").
-=======
         ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``, or a mesh
         of your own whose axes are ``data``, ``fsdp``, ``model``, or are mapped to them by ``axis_names``,
         e.g. ``{"model": "tp", "data": "dp"}``). Before any weight is read, the bytes each device will hold
         are logged (logger ``hfax``) and checked against the device's memory: a model that cannot fit raises
         :class:`~hfax.registry.DeviceMemoryError`.
->>>>>>> main
+        A safetensors checkpoint is read straight into the devices' arrays (``hfax_load_weights``); GGUF,
+        ``.bin`` and checkpoints that need transformers' conversions load through transformers first
+        (docs/SHARDING.md, "Host memory while loading").
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
         mesh = _adopt_mesh(engine, mesh, axis_names)
@@ -209,11 +203,6 @@ class AutoModelForTPU:
         return _finish(model, engine, backend, family, mesh)
 
 
-<<<<<<< HEAD
-def _meta_model(
-    model_class: Any, config: Any, dtype: Any = None, attn_implementation: str | None = None
-) -> Any:
-=======
 def _adopt_mesh(engine: Any, mesh: Any, axis_names: Mapping[str, str] | None) -> Any:
     """The user's ``mesh`` as ``engine`` places weights on it (axes checked and renamed by ``axis_names``),
     for backends that take meshes made outside hfax; the others get it as given."""
@@ -225,8 +214,9 @@ def _adopt_mesh(engine: Any, mesh: Any, axis_names: Mapping[str, str] | None) ->
     return mesh
 
 
-def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:
->>>>>>> main
+def _meta_model(
+    model_class: Any, config: Any, dtype: Any = None, attn_implementation: str | None = None
+) -> Any:
     """``model_class`` built from ``config`` on torch's ``meta`` device: names, shapes and dtypes, no memory.
 
     ``dtype`` and ``attn_implementation`` are ``from_pretrained``'s (``dtype`` ``None`` or ``"auto"``: the

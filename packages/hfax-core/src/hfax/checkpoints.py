@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,12 +50,6 @@ class Checkpoint:
 
     files: tuple[str, ...]
     sources: Mapping[str, TensorSource]
-
-    def nbytes(self) -> int:
-        """The checkpoint's bytes on disk (what loading it reads at most)."""
-        import os
-
-        return sum(os.path.getsize(file) for file in self.files)
 
 
 def safetensors_files(name_or_path: str, revision: str | None = None) -> list[str]:
@@ -124,15 +119,22 @@ def finish_model(model: Any, name_or_path: str, revision: str | None = None) -> 
         pass
 
 
+def read_header(path: str) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's header (``{key: {"dtype", "shape", "data_offsets"}}``) and where its data
+    starts: the file is 8 bytes of header length, the JSON header, then the tensors' bytes."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return 8 + length, header
+
+
 def _checkpoint_keys(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Every key of the checkpoint with its file and shape, read from the files' headers alone."""
-    from safetensors import safe_open
-
     keys = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                keys[key] = (file, tuple(f.get_slice(key).get_shape()))
+        for key, entry in read_header(file)[1].items():
+            keys[key] = (file, tuple(entry["shape"]))
     return keys
 
 

@@ -9,13 +9,13 @@ that holds it: one read per contiguous run of its bytes, nothing mapped, nothing
 from __future__ import annotations
 
 import functools
-import json
 import os
-import struct
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+
+from hfax.checkpoints import read_header
 
 #: safetensors dtype names as numpy dtypes (bfloat16 and float8 as JAX has them).
 DTYPES = {
@@ -44,12 +44,8 @@ class SafetensorsFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.data_start, self.header = read_header(path)
         self.fd = os.open(path, os.O_RDONLY)
-        (length,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
-        header = json.loads(os.pread(self.fd, length, 8))
-        header.pop("__metadata__", None)
-        self.data_start = 8 + length
-        self.header = header
 
     def close(self) -> None:
         os.close(self.fd)
