@@ -122,7 +122,9 @@ def finish_model(model: Any, name_or_path: str, revision: str | None = None) -> 
 def read_header(path: str) -> tuple[int, dict[str, Any]]:
     """A safetensors file's header (``{key: {"dtype", "shape", "data_offsets"}}``) and where its data
     starts: the file is 8 bytes of header length, the JSON header, then the tensors' bytes."""
-    with open(path, "rb") as f:
+    with open(
+        path, "rb", buffering=0
+    ) as f:  # unbuffered: read the header's bytes, not a buffer's worth
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
     header.pop("__metadata__", None)
