@@ -920,6 +920,13 @@ first call took beyond a steady one); *cached*: the same in a second process wit
 """
 
 
+def other_sections(page: Path) -> str:
+    """The sections of ``page`` other benchmarks write (``benchmarks/load.py``'s "Loading"), kept."""
+    text = page.read_text() if page.exists() else ""
+    start = text.find("\n## Loading\n")
+    return "" if start < 0 else "\n" + text[start:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1018,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.json}", file=sys.stderr)
     if not args.no_markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(record))
+        args.markdown.write_text(markdown(record) + other_sections(args.markdown))
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
 

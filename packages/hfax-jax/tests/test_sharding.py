@@ -331,35 +331,49 @@ def test_cli_plan_prints_the_layout_and_fails_when_it_does_not_fit(checkpoints, 
     assert result.exit_code == 1 and "does not fit" in result.output
 
 
-def test_two_processes_generate_the_tokens_of_one(load, checkpoints):
+def run_two_processes(checkpoint: Path, mesh: str, *extra: str) -> list[dict[str, str]]:
+    """Run ``multihost_worker.py`` as processes 0 and 1 of one mesh; each one's output lines by label."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     worker = Path(__file__).with_name("multihost_worker.py")
-    command = [
-        sys.executable,
-        str(worker),
-        str(port),
-        str(checkpoints["llama"][0]),
-        "data=2,model=4",
-    ]
+    command = [sys.executable, str(worker), str(port), str(checkpoint), mesh]
     processes = [
         subprocess.Popen(
-            [*command, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, str(rank), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         for rank in (0, 1)
     ]
     outputs = [process.communicate(timeout=600) for process in processes]
-    expected = generate(load("llama", None))
+    results = []
     for process, (stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
-        lines = dict(
-            line.split(" ", 1)
-            for line in stdout.splitlines()
-            if line.startswith(("TOKENS", "STREAMED"))
+        results.append(
+            dict(
+                line.split(" ", 1)
+                for line in stdout.splitlines()
+                if line.startswith(("TOKENS", "STREAMED", "READ"))
+            )
         )
+    return results
+
+
+def test_two_processes_generate_the_tokens_of_one(load, checkpoints):
+    expected = generate(load("llama", None))
+    for lines in run_two_processes(checkpoints["llama"][0], "data=2,model=4", "streamer"):
         np.testing.assert_array_equal(np.array(eval(lines["TOKENS"])), expected)
         np.testing.assert_array_equal(np.array(eval(lines["STREAMED"])), expected)
+
+
+def test_each_process_reads_only_its_shards(load, checkpoints):
+    """On a ``model=2`` mesh of two processes, each reads its half of every split weight, not the whole
+    checkpoint (``rchar``: every byte read while loading, config files included)."""
+    directory = checkpoints["llama"][0]
+    checkpoint = sum(file.stat().st_size for file in directory.glob("*.safetensors"))
+    expected = generate(load("llama", None))
+    for lines in run_two_processes(directory, "model=2"):
+        assert int(lines["READ"]) <= 0.6 * checkpoint, (lines["READ"], checkpoint)
+        np.testing.assert_array_equal(np.array(eval(lines["TOKENS"])), expected)
 
 
 @pytest.mark.parametrize("groups", [1, 4])

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import transformers
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from hfax import plugins
+from hfax import checkpoints, plugins
 from hfax.patching import Patcher
 
 logger = logging.getLogger("hfax")
@@ -131,11 +131,17 @@ class AutoModelForTPU:
         e.g. ``{"model": "tp", "data": "dp"}``). Before any weight is read, the bytes each device will hold
         are logged (logger ``hfax``) and checked against the device's memory: a model that cannot fit raises
         :class:`~hfax.registry.DeviceMemoryError`.
+        A safetensors checkpoint is read straight into the devices' arrays (``hfax_load_weights``); GGUF,
+        ``.bin`` and checkpoints that need transformers' conversions load through transformers first
+        (docs/SHARDING.md, "Host memory while loading").
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
         mesh = _adopt_mesh(engine, mesh, axis_names)
         name_or_path, model_class, family, model = cls._resolve(name_or_path, hf_kwargs)
         plan = _plan(model, backend, family, mesh)
+        streamed = _stream(name_or_path, model, engine, backend, family, mesh, plan, hf_kwargs)
+        if streamed is not None:
+            return streamed
         model = model_class.from_pretrained(name_or_path, **hf_kwargs)
         return _finish(model, engine, backend, family, mesh, plan)
 
@@ -188,7 +194,13 @@ class AutoModelForTPU:
             name_or_path,
             model_class,
             family,
-            _meta_model(model_class, config, hf_kwargs.get("dtype"), trust),
+            _meta_model(
+                model_class,
+                config,
+                hf_kwargs.get("dtype"),
+                trust,
+                attn_implementation=hf_kwargs.get("attn_implementation"),
+            ),
         )
 
     @classmethod
@@ -220,20 +232,27 @@ def _adopt_mesh(engine: Any, mesh: Any, axis_names: Mapping[str, str] | None) ->
 
 
 def _meta_model(
-    model_class: Any, config: Any, dtype: Any = None, trust_remote_code: bool = False
+    model_class: Any,
+    config: Any,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
 ) -> Any:
     """``model_class`` built from ``config`` on torch's ``meta`` device: names, shapes and dtypes, no memory.
 
-    ``dtype`` is ``from_pretrained``'s (``None`` or ``"auto"``: the checkpoint's, from the config). An auto
-    class builds the checkpoint's own code only with ``trust_remote_code``, as its ``from_pretrained`` does.
+    ``dtype`` and ``attn_implementation`` are ``from_pretrained``'s (``dtype`` ``None`` or ``"auto"``: the
+    checkpoint's, from the config). An auto class builds the checkpoint's own code only with
+    ``trust_remote_code``, as its ``from_pretrained`` does.
     """
     import torch
 
-    kwargs = (
+    kwargs: dict[str, Any] = (
         {}
         if dtype in (None, "auto")
         else {"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
     )
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     build = getattr(model_class, "_from_config", None)
     if build is None:  # an auto class
         build = functools.partial(model_class.from_config, trust_remote_code=trust_remote_code)
@@ -252,10 +271,48 @@ def _plan(model: Any, backend: str, family: str, mesh: Any) -> Any:
     return plan
 
 
+def _stream(
+    name_or_path: str,
+    model: Any,
+    engine: Any,
+    backend: str,
+    family: str,
+    mesh: Any,
+    plan: Any,
+    hf_kwargs: dict[str, Any],
+) -> Any:
+    """The model with its weights read from the checkpoint straight onto the devices, or ``None`` where
+    transformers must load it (the reason is logged): see ``hfax.checkpoints``."""
+    try:
+        checkpoint = checkpoints.find_checkpoint(name_or_path, model, hf_kwargs)
+        checkpoints.compute_buffers(model)
+    except checkpoints.NotStreamable as reason:
+        logger.info("hfax: weights load through transformers: %s", reason)
+        return None
+    checkpoints.finish_model(model, name_or_path, hf_kwargs.get("revision"))
+    hook = plugins.get_plugin_manager().hook
+    _patch(model, family, backend)
+    params = hook.hfax_load_weights(
+        model=model, checkpoint=checkpoint, plan=plan, mesh=mesh, backend=backend
+    )
+    if params is None:
+        logger.info(
+            "hfax: backend %r does not stream weights; they load through transformers", backend
+        )
+        return None
+    return engine.build(model, params=params, family=family, plan=plan, mesh=mesh)
+
+
+def _patch(model: Any, family: str, backend: str) -> None:
+    model.eval()
+    plugins.get_plugin_manager().hook.hfax_patch_model(
+        model=model, family=family, backend=backend, patcher=Patcher(model)
+    )
+
+
 def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any, plan: Any = None) -> Any:
     hook = plugins.get_plugin_manager().hook
-    model.eval()
-    hook.hfax_patch_model(model=model, family=family, backend=backend, patcher=Patcher(model))
+    _patch(model, family, backend)
     if plan is None:  # an already-loaded model: checked now, before its weights move
         plan = _plan(model, backend, family, mesh)
     params = hook.hfax_shard_weights(model=model, plan=plan, mesh=mesh, backend=backend)

@@ -18,6 +18,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from hfax.patching import Patcher
+    from hfax.checkpoints import Checkpoint
     from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
 
 hookspec = pluggy.HookspecMarker("hfax")
@@ -142,6 +143,29 @@ def hfax_shard_weights(model: Any, plan: ShardingPlan, mesh: Any, backend: str) 
         def hfax_shard_weights(model, plan, mesh, backend):
             if backend == "jax":
                 return {name: place(tensor, plan.spec_for(name, tensor.ndim), mesh) for name, tensor in ...}
+    """
+
+
+@hookspec(firstresult=True)
+def hfax_load_weights(
+    model: Any, checkpoint: Checkpoint, plan: ShardingPlan, mesh: Any, backend: str
+) -> Any:
+    """Read a model's weights from its safetensors checkpoint straight onto the backend's devices.
+
+    ``from_pretrained`` asks this instead of ``hfax_shard_weights`` when the checkpoint needs none of
+    transformers' conversions (see ``hfax.checkpoints``): ``model`` is patched, its weights are on torch's
+    ``meta`` device and its non-persistent buffers are real host tensors. ``checkpoint.sources[name]`` says
+    which file and key hold weight ``name`` (every name of a tied weight points at the same one). Returns
+    what ``hfax_shard_weights`` returns, with the module pointed at the placed arrays; ``None`` (or no
+    implementation) makes ``from_pretrained`` load through transformers and ``hfax_shard_weights``.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_load_weights(model, checkpoint, plan, mesh, backend):
+            if backend == "mine":
+                return {name: read_onto_device(source.file, source.key)
+                        for name, source in checkpoint.sources.items()}
     """
 
 

@@ -62,6 +62,20 @@ def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[s
 
 
 @hookimpl
+def hfax_load_weights(model: Any, checkpoint: Any, plan: Any, mesh: Any, backend: str) -> Any:
+    """Read each weight from the safetensors checkpoint into the pieces this process's devices hold.
+
+    Host memory holds the placed arrays and one piece in flight; on several hosts each reads only the
+    byte ranges of its own shards. Tied weights stay one array.
+    """
+    if backend != NAME:
+        return None
+    from hfax.backends.jax.weights import load_weights
+
+    return load_weights(model, checkpoint, plan, mesh)
+
+
+@hookimpl
 def hfax_compile_step(
     fn: Callable[..., Any],
     backend: str,

@@ -1,0 +1,127 @@
+"""Reading index ranges of safetensors tensors with ``pread``: the bytes of one device's piece and no more.
+
+``safetensors``' own ``get_slice`` reads the whole tensor when the file is not memory-mapped, and a
+memory-mapped file keeps every page it touched resident until it is closed (a second copy of the model
+in the process's resident memory). Here each piece is read by ``os.preadv`` straight into the array
+that holds it: one read per contiguous run of its bytes, nothing mapped, nothing read twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from hfax.checkpoints import read_header
+
+#: safetensors dtype names as numpy dtypes (bfloat16 and float8 as JAX has them).
+DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": jnp.bfloat16,
+    "F8_E4M3": jnp.float8_e4m3fn,
+    "F8_E5M2": jnp.float8_e5m2,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+#: The alignment XLA's CPU client needs to use a host buffer in place.
+ALIGNMENT = 64
+#: At most this many stored bytes are read at once when converting a piece to another dtype.
+CONVERT_BLOCK_BYTES = 4 << 20
+
+
+class SafetensorsFile:
+    """One open safetensors file: its header, and ``read(key, index)`` for any box of any tensor."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.data_start, self.header = read_header(path)
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def read(self, key: str, index: tuple[slice, ...] = (), dtype: Any = None) -> np.ndarray:
+        """Tensor ``key``'s box ``index`` (unit-step slices, one per leading dimension) as a new array,
+        converted to ``dtype`` (default: as stored) a block of rows at a time, so that the stored bytes in
+        flight stay under ``CONVERT_BLOCK_BYTES`` besides the result."""
+        entry = self.header[key]
+        stored = np.dtype(DTYPES[entry["dtype"]])
+        shape = tuple(entry["shape"])
+        bounds = [_bounds(part, size) for part, size in zip(index, shape)]
+        bounds += [(0, size) for size in shape[len(bounds) :]]
+        out = empty([stop - start for start, stop in bounds], stored if dtype is None else dtype)
+        if out.dtype == stored:
+            self._read_box(key, bounds, out)
+            return out
+        if not shape:
+            block = np.empty((), stored)
+            self._read_box(key, bounds, block)
+            np.copyto(out, block, casting="unsafe")
+            return out
+        rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
+        start, stop = bounds[0]
+        for first in range(start, stop, rows):
+            part = [(first, min(first + rows, stop)), *bounds[1:]]
+            block = np.empty([b - a for a, b in part], stored)
+            self._read_box(key, part, block)
+            np.copyto(out[first - start : first - start + len(block)], block, casting="unsafe")
+        return out
+
+    def _read_box(self, key: str, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+        entry = self.header[key]
+        if out.size == 0:
+            return
+        begin = self.data_start + entry["data_offsets"][0]
+        for position, run in _runs(tuple(entry["shape"]), bounds, out.itemsize, begin, out):
+            view = memoryview(run.view(np.uint8))
+            if os.preadv(self.fd, [view], position) != view.nbytes:
+                raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
+
+
+def empty(shape: list[int] | tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new array whose data starts on a 64-byte boundary: JAX's CPU client then keeps it as the device
+    buffer instead of copying it (numpy's own allocations are 16-byte aligned: a copy, twice the bytes)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _bounds(part: slice, size: int) -> tuple[int, int]:
+    start, stop, step = part.indices(size)
+    if step != 1:
+        raise ValueError(f"a device piece is a box of unit-step slices, not {part}")
+    return start, stop
+
+
+def _runs(
+    shape: tuple[int, ...], bounds: list[tuple[int, int]], itemsize: int, begin: int, out: Any
+) -> list[tuple[int, np.ndarray]]:
+    """The contiguous byte runs of the box ``bounds``: (file position, the part of ``out`` it fills)."""
+    whole = len(shape)  # the dimensions from ``whole`` on are taken entire
+    while whole > 0 and bounds[whole - 1] == (0, shape[whole - 1]):
+        whole -= 1
+    if whole == 0:
+        return [(begin, out.reshape(-1))]
+    strides = [int(np.prod(shape[i + 1 :], dtype=np.int64)) * itemsize for i in range(len(shape))]
+    run_dim = whole - 1  # the last partial dimension: one run spans its range and everything after
+    first = begin + bounds[run_dim][0] * strides[run_dim]
+    outer = [
+        np.arange(start, stop) * strides[i] for i, (start, stop) in enumerate(bounds[:run_dim])
+    ]
+    offsets = (
+        functools.reduce(np.add, np.ix_(*outer)).reshape(-1) if outer else np.zeros(1, np.int64)
+    )
+    rows = out.reshape(len(offsets), -1)
+    return [(int(first + offset), row) for offset, row in zip(offsets, rows)]
