@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="jax")
     args = parser.parse_args(argv)
 
+    import decode
     import torch
     import transformers
 
-    import decode
     import hfax
 
     path = decode.llama_path()
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             do_sample=False,
         )
 
-        def theirs():
+        def theirs(options=options):
             with torch.no_grad():
                 return reference.generate(torch.from_numpy(prompt), **options).numpy()
 
-        def ours():
+        def ours(options=options):
             return np.asarray(model.generate(prompt, **options))
 
         ours()  # compile

@@ -150,6 +150,7 @@ def weight_products(path: str, dtype: str, steps: int = 64, repeats: int = 5) ->
     import jax.numpy as jnp
     import torch
     import transformers
+
     from hfax.backends.jax import lowerings
 
     config = transformers.AutoConfig.from_pretrained(path)
@@ -387,6 +388,7 @@ class TorchaxRecipe:
         import jax
         import torch
         import transformers
+
         from hfax.backends.jax.runtime import (
             torchax,
         )  # torchax under torch 2.13 needs hfax's import bridge

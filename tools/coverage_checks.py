@@ -20,10 +20,10 @@ import traceback
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import tiny_configs
 import torch
 import transformers
 
-import tiny_configs
 from hfax.testing import spread_weights
 
 TOLERANCE = 1e-4

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from hfax.patching import Patcher
     from hfax.checkpoints import Checkpoint
+    from hfax.patching import Patcher
     from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
 
 hookspec = pluggy.HookspecMarker("hfax")

@@ -38,7 +38,7 @@ import threading
 import types
 import typing
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -377,7 +377,7 @@ def detect_family(config: Any) -> str:
         if answer is None:
             continue
         claim = Claim(answer) if isinstance(answer, str) else answer
-        claims.append((claim, impl.plugin_name))
+        claims.append((cast(Claim, claim), impl.plugin_name))
     if not claims:
         return GENERIC_FAMILY
     best = max(claim.priority for claim, _ in claims)

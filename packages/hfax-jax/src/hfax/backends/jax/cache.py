@@ -36,10 +36,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import torch
-from hfax.backends.jax.runtime import torchax
 from transformers import cache_utils
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
+from hfax.backends.jax.runtime import torchax
 
 _WRITTEN = "_hfax_written"
 

@@ -121,12 +121,3 @@ def _install(
             )
         registry[name] = moved[id(tensor)]
     return params
-
-
-def host_tensor(array: Any) -> torch.Tensor:
-    """A JAX (or numpy) array as a CPU torch tensor, gathered from its devices (bfloat16 through its bit
-    pattern): the inverse of :func:`host_array`."""
-    array = np.asarray(jax.device_get(array))
-    if array.dtype == jnp.bfloat16:
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(array.copy())

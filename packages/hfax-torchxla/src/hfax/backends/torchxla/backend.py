@@ -9,7 +9,6 @@ import torch
 from hfax.backends.torchxla import runtime
 from hfax.backends.torchxla.model import TorchXlaModel
 
-
 #: How many times dynamo may trace the step functions (it would stop at 8 per function).
 DYNAMO_TRACE_LIMIT = 4096
 
