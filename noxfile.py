@@ -116,7 +116,9 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", str(ROOT))
     session.run("ruff", "check", str(ROOT))
     modules = [arg for module in TYPED for arg in ("-m", module)]
-    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *modules)
+    # The source tree, not the installed wheel: mypy reads no installed package without a py.typed marker.
+    source = {"MYPYPATH": str(PACKAGES / "hfax-core" / "src")}
+    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *modules, env=source)
 
 
 @nox.session
