@@ -44,7 +44,7 @@ import pluggy
 
 from hfax import _builtin, hookspecs
 from hfax.patching import Patcher
-from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
+from hfax.registry import BackendSpec, Claim, FamilySpec
 
 log = logging.getLogger("hfax")
 
@@ -252,8 +252,15 @@ def _hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | Non
 @functools.cache
 def _return_type(hook: str) -> Any:
     """The return annotation of hook spec ``hook``."""
-    names = {"Patcher": Patcher, "BackendSpec": BackendSpec, "Claim": Claim}
-    names.update(FamilySpec=FamilySpec, Layout=Layout, ShardingPlan=ShardingPlan)
+    from hfax import checkpoints, patching, registry
+
+    # Every name the specs import for type checking only (get_type_hints evaluates them all).
+    names = {
+        name: value
+        for module in (registry, patching, checkpoints)
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+    }
     return typing.get_type_hints(getattr(hookspecs, hook), localns=names).get("return", Any)
 
 
