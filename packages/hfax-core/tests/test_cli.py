@@ -103,9 +103,9 @@ def hfax_command(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 def test_a_user_error_is_one_line_and_exit_code_2(args, message):
     done = hfax_command(*args)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [
-        f"hfax: error: {done.stderr.split('hfax: error: ')[1].strip()}"
-    ]
+    # transformers itself says on stderr when torch is missing (hfax-core's own venv has none).
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("[transformers]")]
+    assert lines == [f"hfax: error: {done.stderr.split('hfax: error: ')[1].strip()}"]
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
