@@ -877,6 +877,16 @@ def products_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Where the page's sections written by other benchmarks (benchmarks/train.py) begin; regenerating the
+#: decode tables keeps them.
+KEPT_MARKER = "<!-- Sections below are written by other benchmarks (benchmarks/train.py). -->"
+
+
+def kept_sections(page: Path) -> str:
+    text = page.read_text() if page.exists() else ""
+    return "\n" + text[text.index(KEPT_MARKER) :] if KEPT_MARKER in text else ""
+
+
 def markdown(record: dict[str, Any]) -> str:
     m, bw = record["machine"], record["bandwidth"]
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
@@ -1018,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.json}", file=sys.stderr)
     if not args.no_markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(record))
+        args.markdown.write_text(markdown(record) + kept_sections(args.markdown))
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
 
