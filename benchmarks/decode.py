@@ -879,6 +879,29 @@ def products_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Where the page's sections written by other benchmarks (benchmarks/train.py) begin; regenerating the
+#: decode tables keeps them.
+def kept_sections(page: Path) -> str:
+    """The sections other benchmarks write on ``page`` (``## Loading``, ``## Training``, ...): everything
+    from its first ``## `` heading on; this script's own part of the page has none."""
+    text = page.read_text() if page.exists() else ""
+    start = text.find("\n## ")
+    return "" if start < 0 else "\n" + text[start + 1 :]
+
+
+def write_section(page: Path, heading: str, section: str) -> None:
+    """Put ``section`` (which starts with ``heading``, a ``## `` line) in place of that section of
+    ``page``, which runs to the next ``## `` heading; appended when the page has none yet."""
+    text = page.read_text() if page.exists() else "# Performance\n"
+    start = text.find(f"\n{heading}\n")
+    if start < 0:
+        page.write_text(f"{text.rstrip()}\n\n{section.rstrip()}\n")
+        return
+    end = text.find("\n## ", start + 1)
+    rest = "" if end < 0 else text[end:]
+    page.write_text(f"{text[:start].rstrip()}\n\n{section.rstrip()}\n{rest}")
+
+
 def markdown(record: dict[str, Any]) -> str:
     m, bw = record["machine"], record["bandwidth"]
     memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
@@ -920,13 +943,6 @@ first call took beyond a steady one); *cached*: the same in a second process wit
 
 {table(record)}
 """
-
-
-def other_sections(page: Path) -> str:
-    """The sections of ``page`` other benchmarks write (``benchmarks/load.py``'s "Loading"), kept."""
-    text = page.read_text() if page.exists() else ""
-    start = text.find("\n## Loading\n")
-    return "" if start < 0 else "\n" + text[start:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1027,7 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.json}", file=sys.stderr)
     if not args.no_markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(record) + other_sections(args.markdown))
+        args.markdown.write_text(markdown(record) + kept_sections(args.markdown))
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
 

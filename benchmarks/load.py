@@ -176,13 +176,6 @@ is the demo's GGUF converted once to float32 safetensors (`hfax.demo.default_mod
 """
 
 
-def write_section(page: Path, section: str) -> None:
-    """Put ``section`` in place of the page's "Loading" section (which runs to the end of the page)."""
-    text = page.read_text() if page.exists() else "# Performance\n"
-    kept = text.split(f"\n{SECTION}\n", 1)[0].rstrip("\n")
-    page.write_text(f"{kept}\n\n{section}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -220,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     if not args.no_markdown:
-        write_section(args.markdown, markdown(record))
+        sys.path.insert(0, str(Path(__file__).parent))
+        import decode
+
+        decode.write_section(args.markdown, SECTION, markdown(record))
     return 0
 
 

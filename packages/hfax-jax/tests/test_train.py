@@ -12,7 +12,15 @@ from flax import nnx
 from hfax.backends.jax import train
 from hfax.testing import as_numpy
 
-LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "gemma": ["q_proj", "down_proj"], "gpt2": ["c_attn"]}
+LORA_TARGETS = {
+    "llama": ["q_proj", "v_proj"],
+    "gemma": ["q_proj", "down_proj"],
+    "gemma3": ["k_proj", "down_proj"],
+    "gpt2": ["c_attn"],
+}
+#: Grouped-query attention; one key/value head; Gemma 3's sliding and full layers, tied embeddings and
+#: query/key norms; GPT-2's fused Conv1D projections.
+FAMILIES = ["llama", "gemma", "gemma3", "gpt2"]
 ADAMW = dict(learning_rate=1e-2, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
 
@@ -75,7 +83,7 @@ def torch_adamw_steps(model: torch.nn.Module, steps: int = 10) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_loss_and_gradients_equal_torch_autograd(tiny, name):
     directory, _, _ = tiny(name)
     module = train.from_pretrained(str(directory))
@@ -103,18 +111,23 @@ def test_split_merge_and_jax_jit_over_state(tiny):
     np.testing.assert_allclose(float(value), expected, rtol=0, atol=1e-5)
 
 
-def test_ten_adamw_steps_follow_torch(tiny):
-    directory, _, _ = tiny("llama")
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_ten_adamw_steps_follow_torch(tiny, name):
+    directory, _, _ = tiny(name)
     module = train.from_pretrained(str(directory))
     torch_model = reference(directory)
+    initial = {name: p.detach().numpy().copy() for name, p in torch_model.named_parameters()}
     losses = adamw_steps(module, nnx.Param)
     expected = torch_adamw_steps(torch_model)
     np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-4)
     assert expected[-1] < expected[0] - 0.5, "the steps must change the weights"
+    # Each weight's change, not each element: AdamW divides by the gradients' root mean square, so an
+    # element whose gradient hovers near zero moves by rounding alone. On Gemma 3 (normed keys) float32
+    # PyTorch's own changes differ from float64 PyTorch's by up to 7e-4 relative, element errors 8e-4.
     for name, parameter in torch_model.named_parameters():
-        np.testing.assert_allclose(
-            np.asarray(module.weights[name][...]), parameter.detach().numpy(), rtol=0, atol=1e-4
-        )
+        change = np.asarray(module.weights[name][...]) - initial[name]
+        expected_change = parameter.detach().numpy() - initial[name]
+        assert_relative(change, expected_change, 2e-3, f"change of {name}")
 
 
 def peft_model(directory, name: str) -> torch.nn.Module:
@@ -139,7 +152,7 @@ def module_logits(module) -> np.ndarray:
     return as_numpy(module(**inputs).logits)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_lora_gradients_and_steps_follow_peft(tiny, name, tmp_path):
     directory, _, _ = tiny(name)
     torch_model = peft_model(directory, name)

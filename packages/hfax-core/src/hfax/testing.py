@@ -89,7 +89,8 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
     ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
-    ``"gemma2"`` (sliding and full layers), ``"gpt2"``, ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
+    ``"gemma2"`` (sliding and full layers), ``"gemma3"`` (a sliding layer of window 4, then a full one; tied
+    embeddings, query/key norms), ``"gpt2"``, ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
     import transformers
 
     if name == "llama":
@@ -140,6 +141,20 @@ def tiny_config(name: str) -> Any:
             sliding_window=5,
             **TINY_SPECIAL,
         )
+    if name == "gemma3":
+        return transformers.Gemma3TextConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            vocab_size=128,
+            max_position_embeddings=256,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            **TINY_SPECIAL,
+        )
     if name == "gpt2":
         return transformers.GPT2Config(
             n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL
@@ -164,7 +179,8 @@ def tiny_config(name: str) -> Any:
             num_labels=3,
         )
     raise ValueError(
-        f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gpt2 and bert"
+        f"no tiny config called {name!r}; there are llama, gemma, mistral, gemma2, gemma3, gpt2, "
+        "mamba and bert"
     )
 
 
