@@ -145,6 +145,28 @@ def test_sampling_is_seeded(tiny):
     assert not np.array_equal(first, other)
 
 
+#: What the JAX backend samples from the tiny Llama with spread weights for the left-padded PROMPTS (seed 7,
+#: 12 new tokens). Every backend runs the same counter-based sampler (:mod:`hfax.generation.search`) on the
+#: same logits, so every backend must sample exactly these.
+SEED_7_TOKENS = None
+
+
+@pytest.fixture(scope="module")
+def spread_llama(backend, tmp_path_factory):
+    import hfax
+    from hfax.testing import save_tiny, tiny_config
+
+    directory = tmp_path_factory.mktemp("llama-spread")
+    save_tiny(tiny_config("llama"), directory, spread=True)
+    return hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend=backend)
+
+
+def test_the_same_seed_samples_the_same_tokens_on_every_backend(spread_llama):
+    ids, mask = left_padded(PROMPTS)
+    out = spread_llama.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True, seed=7)
+    np.testing.assert_array_equal(as_numpy(out)[:, ids.shape[1] :], np.array(SEED_7_TOKENS))
+
+
 def test_top_k_1_and_a_vanishing_top_p_are_greedy(tiny):
     _, _, model = tiny("gemma")
     ids = np.array([PROMPTS[2]])
