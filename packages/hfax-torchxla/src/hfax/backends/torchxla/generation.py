@@ -174,6 +174,13 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     return {name: torch.where(going, value, chosen[name]) for name, value in advanced.items()}
 
 
+def _cache(config: Any, length: int) -> Cache:
+    """A full-length ``StaticLayer`` for every layer, made before the forward: a model that builds its
+    masks itself (from the 2-D mask) reads their length off the cache before the first layer runs."""
+    layers = config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[StaticLayer(length) for _ in range(layers)])
+
+
 def _on_device(tree: Any, device: Any) -> Any:
     """The host arrays of ``tree`` (dicts, lists, numpy) as tensors on ``device``."""
     if isinstance(tree, dict):
@@ -240,7 +247,7 @@ class TorchXlaEngine:
         static = _STATICS.setdefault(static, static)
         device = runtime.device()
         arrays = _on_device(plan.arrays, device)
-        cache = Cache(layer_class_to_replicate=lambda: StaticLayer(valid.shape[1]))
+        cache = _cache(model.config, valid.shape[1])
         weights = {}
         if linear.wanted(runtime.platform(), model.mesh, ids.shape[0], decoding.capacity):
             weights = linear.copies(model.module)
