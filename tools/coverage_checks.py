@@ -361,6 +361,6 @@ def _jax(value: np.ndarray) -> Any:
 
 
 def _no_cache(model: Any) -> dict[str, Any]:
-    from hfax.generation import accepts
+    from hfax.generation.shapes import accepts
 
     return {"use_cache": False} if accepts(model.module, "use_cache") else {}

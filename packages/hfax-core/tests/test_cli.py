@@ -1,11 +1,15 @@
-"""The ``hfax`` command line: ``plugins`` and ``env`` (``generate`` and ``chat`` need a backend)."""
+"""The ``hfax`` command line: ``plugins`` and ``env``, and user errors before any backend loads (``generate``
+and ``chat`` on a model: packages/hfax-jax/tests/test_cli_jax.py)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
-from hfax.cli import app
+from hfax.cli import _bench_outputs, app
 from hfax.plugins import PluginLoadWarning
 
 
@@ -65,6 +69,68 @@ def test_no_arguments_prints_help():
 
 def test_generate_without_backend_names_the_install_command(monkeypatch):
     monkeypatch.setenv("HFAX_DISABLE_PLUGINS", "1")
-    result = CliRunner().invoke(app, ["generate", "hello", "--model", "/nonexistent"])
-    assert result.exit_code != 0
-    assert 'pip install "hfax[jax]"' in str(result.exception)
+    result = CliRunner().invoke(app, ["generate", "hello"])
+    assert result.exit_code == 2
+    assert "pip install -r requirements/jax.txt" in result.stderr
+
+
+def hfax_command(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """``hfax ARGS`` in a new process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-c", "from hfax.cli import main; main()", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["generate", "hi", "--model", "/no/such/model"],
+            "--model /no/such/model: no such model folder",
+        ),
+        (["generate", "hi", "-b", "jaxx"], "unknown backend 'jaxx'"),
+        (["generate", "hi", "--mesh", "tp=1"], "--mesh tp=1: axes must be among data, fsdp, model"),
+        (["generate", "hi", "--mesh", "model=eight"], "--mesh model=eight: expected AXIS=SIZE"),
+        (["generate", "hi", "--dtype", "float16x"], "--dtype float16x: choose among auto, float32"),
+        (["generate", "hi", "-n", "-1"], "--max-new-tokens -1: generate at least 1 token"),
+        (["chat", "-n", "0"], "--max-new-tokens 0: generate at least 1 token"),
+        (["plan", "--device-memory", "lots"], "--device-memory lots: expected a size such as 16GB"),
+    ],
+)
+def test_a_user_error_is_one_line_and_exit_code_2(args, message):
+    done = hfax_command(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"hfax: error: {done.stderr.split('hfax: error: ')[1].strip()}"
+    ]
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_debug_shows_the_traceback():
+    done = hfax_command("--debug", "generate", "hi", "--dtype", "float16x")
+    assert done.returncode != 0
+    assert "Traceback" in done.stderr and "UserError: --dtype float16x" in done.stderr
+
+
+def test_version():
+    done = hfax_command("--version")
+    assert done.returncode == 0 and done.stdout.strip() == "hfax 0.1.0"
+
+
+def test_bench_writes_under_the_chosen_folder_unless_told_otherwise(tmp_path):
+    args = _bench_outputs(["--models", "llama"], tmp_path)
+    assert args == [
+        "--models",
+        "llama",
+        "--json",
+        str(tmp_path / "decode.json"),
+        "--markdown",
+        str(tmp_path / "PERFORMANCE.md"),
+    ]
+    assert _bench_outputs(["--json=x.json", "--no-markdown"], tmp_path) == [
+        "--json=x.json",
+        "--no-markdown",
+    ]

@@ -10,7 +10,6 @@ import torch
 
 import hfax
 from hfax.backends.jax import generation
-from hfax.generation import resolve
 from hfax.testing import save_tiny
 
 PROMPT = [[1, 17, 300, 42, 9, 77, 5]]
@@ -51,17 +50,9 @@ def test_decode_loop_holds_no_float32_copy_of_the_weights(bf16_llama):
     # The decode program (what streaming runs) is the loop alone: prefill's own temporaries are not in it.
     _, model = bf16_llama
     assert generation._loop_reads_16_bits(model)
-    ids, mask, settings = resolve(
-        model, np.array(PROMPT), None, {"max_new_tokens": 24}, generation.OPTIONAL
-    )
-    args, static = generation._arguments(model, ids, mask, settings)
-    params, prompt_ids, prompt_mask, source, limit, options = args
-    state = model.program("prefill", generation.prefill_program)(
-        params, prompt_ids, prompt_mask, source, options, static=static
-    )
-    decode = model.program("decode", generation.decode_program, donate=("state",))
-    memory = decode.lower(params, state, limit, options, static=static).compile().memory_analysis()
-    weights = sum(p.nbytes for p in params.values())
+    lowered = generation.lower(model, np.array(PROMPT), max_new_tokens=24)
+    memory = lowered.compile().memory_analysis()
+    weights = sum(p.nbytes for p in model.params.values())
     assert memory.temp_size_in_bytes < weights / 4, (memory.temp_size_in_bytes, weights)
 
 

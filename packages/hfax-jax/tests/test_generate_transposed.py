@@ -11,7 +11,6 @@ import pytest
 
 import hfax
 from hfax.backends.jax import generation
-from hfax.generation import resolve
 from hfax.testing import left_padded, reference_generate, save_tiny
 
 PROMPTS = [[1, 17, 300, 42, 9, 77, 5], [1, 250, 3, 88]]
@@ -54,33 +53,31 @@ def untied(tmp_path_factory):
     return llama(tmp_path_factory.mktemp("llama-untied"), tied=False)
 
 
-def arguments(model, prompts, new):
-    ids, mask = left_padded(prompts)
-    ids, mask, settings = resolve(model, ids, mask, {"max_new_tokens": new}, generation.OPTIONAL)
-    return generation._arguments(model, ids, mask, settings)
+def static(model, prompts, new):
+    return generation.start(model, *left_padded(prompts), max_new_tokens=new).static
 
 
 def test_which_loops_transpose_which_weights(untied, tmp_path):
     _, model = untied
-    _, static = arguments(model, PROMPTS, NEW)
+    loop = static(model, PROMPTS, NEW)
     expected = {f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS} | {
         "lm_head.weight"
     }
-    assert generation._transposed_weights(model, static, rows=2) == expected
+    assert generation._transposed_weights(model, loop, rows=2) == expected
     assert (
-        generation._transposed_weights(model, static, rows=1) == frozenset()
+        generation._transposed_weights(model, loop, rows=1) == frozenset()
     )  # matrix-vector: as it is
-    _, short = arguments(model, PROMPTS, NEW // 2)
+    short = static(model, PROMPTS, NEW // 2)
     assert (
         generation._transposed_weights(model, short, rows=2) == frozenset()
     )  # the copy would not pay
     # Tied: the table serves the embedding (rows gathered) and the output layer; it keeps its layout.
     _, tied = llama(tmp_path / "tied", tied=True)
-    assert generation._transposed_weights(tied, static, rows=2) == expected - {"lm_head.weight"}
+    assert generation._transposed_weights(tied, loop, rows=2) == expected - {"lm_head.weight"}
     # 16-bit weights: from eight rows (two and four measured no faster).
     _, half = llama(tmp_path / "bf16", tied=False, dtype="bfloat16")
-    assert generation._transposed_weights(half, static, rows=4) == frozenset()
-    assert generation._transposed_weights(half, static, rows=8) == expected
+    assert generation._transposed_weights(half, loop, rows=4) == frozenset()
+    assert generation._transposed_weights(half, loop, rows=8) == expected
 
 
 def test_decode_loop_multiplies_by_the_transposed_copy(untied):

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import hfax
 from hfax.backends.jax import generation, lowerings, monitor
+from hfax.generation import driver, settings
 from hfax.testing import left_padded, reference_generate, save_tiny
 
 MESHES = {"model=8": {"model": 8}, "data=2,model=4": {"data": 2, "model": 4}, "fsdp=8": {"fsdp": 8}}
@@ -154,21 +155,10 @@ def test_tied_embeddings_stay_one_replicated_array_when_the_vocabulary_does_not_
     )
 
 
-def program_arguments(model: Any) -> tuple[tuple[Any, ...], Any]:
-    """The generate program's arguments for ``PROMPTS``, as ``generate`` builds them."""
-    ids, mask, settings = generation.resolve(
-        model, *left_padded(PROMPTS), {"max_new_tokens": NEW_TOKENS}, generation.OPTIONAL
-    )
-    return generation._arguments(model, ids, mask, settings)
-
-
 def prefill_cache(model: Any) -> Any:
     """The first layer's key buffer after prefill."""
-    (params, prompt_ids, prompt_mask, source, _, options), static = program_arguments(model)
-    state = model.program("prefill", generation.prefill_program)(
-        params, prompt_ids, prompt_mask, source, options, static=static
-    )
-    return state["states"][0]["keys"]
+    run = generation.start(model, *left_padded(PROMPTS), max_new_tokens=NEW_TOKENS)
+    return run.state["states"][0]["keys"]
 
 
 @pytest.mark.parametrize(
@@ -189,7 +179,9 @@ def test_kv_cache_is_split_over_heads_and_rows(load, name, mesh, spec):
 
 def test_inputs_are_split_over_the_data_axis(load):
     model = load("llama", "data=2,model=4")
-    (_, prompt_ids, prompt_mask, *_), _ = program_arguments(model)
+    engine = generation.JaxEngine(model)
+    request = settings.prepare(model, *left_padded(PROMPTS), {"max_new_tokens": 4}, engine.features)
+    prompt_ids, prompt_mask, _, _ = engine.inputs(driver.plan(model, request, engine))
     for array in (prompt_ids, prompt_mask):
         assert (
             array.sharding.spec == P("data", None)
@@ -224,24 +216,25 @@ def compiles(run: Callable[[], Any]) -> dict[str, int]:
     }
 
 
-GENERATE, PREFILL, DECODE = "jit(_generate_all)", "jit(prefill_program)", "jit(decode_program)"
+PREFILL, DECODE = "jit(prefill_program)", "jit(decode_program)"
 
 
 def test_sharded_programs_compile_once_per_bucket(load):
     model = load("llama", "model=8")
     prompt = np.array([PROMPTS[0] * 2])
-    run = lambda length, new, **options: (
-        lambda: model.generate(prompt[:, :length], max_new_tokens=new, **options)
-    )
+
+    def run(length, new, **options):
+        return lambda: model.generate(prompt[:, :length], max_new_tokens=new, **options)
+
     compiles(run(6, 8))
-    assert GENERATE not in compiles(run(9, 5))  # prompt bucket 16, capacity 16: the same program
-    assert compiles(run(9, 20)).get(GENERATE) == 1  # capacity 32: one new program
-    assert GENERATE not in compiles(run(12, 30))
-    # Streaming runs prefill once and the decode program once per chunk of tokens: each compiles once.
-    streamed = compiles(run(6, 24, streamer=Chunks()))
-    assert (streamed.get(PREFILL), streamed.get(DECODE)) == (1, 1)
-    streamed = compiles(run(3, 30, streamer=Chunks()))
-    assert PREFILL not in streamed and DECODE not in streamed
+    # prompt bucket 16, capacity 16: the same programs
+    assert not {PREFILL, DECODE} & set(compiles(run(9, 5)))
+    # capacity 32: one new prefill (the token buffers grow) and one new decode loop
+    grown = compiles(run(9, 20))
+    assert (grown.get(PREFILL), grown.get(DECODE)) == (1, 1)
+    assert not {PREFILL, DECODE} & set(compiles(run(12, 30)))
+    # Streaming runs the same two programs, the decode loop once per chunk of tokens.
+    assert not {PREFILL, DECODE} & set(compiles(run(6, 24, streamer=Chunks())))
 
 
 def collectives(hlo: str) -> tuple[collections.Counter, list[tuple[str, int]]]:

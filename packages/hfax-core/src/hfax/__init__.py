@@ -22,6 +22,7 @@ from hfax.auto import (
     AutoModelForTPU,
     BackendNotInstalledError,
     get_backend,
+    install_command,
 )
 from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
@@ -43,7 +44,7 @@ def make_mesh(**axis_sizes: int) -> Any:
         from hfax.backends.jax.mesh import make_mesh as jax_make_mesh
     except ImportError as error:
         raise BackendNotInstalledError(
-            'make_mesh needs the JAX backend: pip install "hfax[jax]"'
+            f"make_mesh needs the JAX backend; to install it: {install_command('jax')}"
         ) from error
     return jax_make_mesh(**axis_sizes)
 

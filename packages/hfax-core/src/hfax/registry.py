@@ -41,11 +41,22 @@ class BackendSpec:
 
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
-    """A model family: its name, the ``model_type`` values it claims and the transformers versions tested."""
+    """A model family: its name, the ``model_type`` values it claims, the transformers versions tested,
+    and the ``features`` its tested models allow a backend to use (the backend's own patch hook acts on
+    them, so a family never imports a backend):
+
+    * ``"attention_interface"``: attention goes through transformers' ``AttentionInterface`` with nothing
+      model-specific beside it, so a backend may switch it to its own kernel.
+    """
 
     name: str
     model_types: tuple[str, ...] = ()
     transformers: str = ""
+    features: tuple[str, ...] = ()
+
+
+#: The attention of a family with this feature may be switched to a backend's own kernel.
+ATTENTION_INTERFACE = "attention_interface"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +141,8 @@ class ShardingPlan:
         spec: list[str | None] = []
         unit = self.unit_for(name)
         for axis, size in zip(self.spec_for(name, len(shape)), shape):
-            keep = axis in sizes and size % unit == 0 and (size // unit) % sizes[axis] == 0
+            whole = sizes.get(axis, 0) if axis is not None else 0
+            keep = whole > 0 and size % unit == 0 and (size // unit) % whole == 0
             spec.append(axis if keep else None)
         fsdp = sizes.get("fsdp", 1)
         if fsdp > 1 and len(shape) > 1:
@@ -264,7 +276,7 @@ class Layout:
         return "\n".join([*lines, self.summary()])
 
 
-def _human(size: int) -> str:
+def _human(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000:
             return f"{size:.3g} {unit}"

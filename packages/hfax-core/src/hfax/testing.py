@@ -197,6 +197,50 @@ def save_tiny(
     return cls.from_pretrained(directory).eval()
 
 
+#: The words of :func:`save_tiny_tokenizer`'s vocabulary, after its special tokens ``<pad> <s> </s> <unk> <mask>``.
+TINY_WORDS = (
+    "the a an of to in is was and or it this that on at by with for from as be are were has have had "
+    "capital france paris city country river sea sun moon day night good bad great small big old new "
+    "first last one two three four five six seven eight nine ten red blue green black white cat dog "
+    "bird fish tree house car road book word name time year people man woman child hand eye head "
+    "water fire earth air light dark hot cold up down left right here there what who when where why "
+    "how not no yes all some many few more most other such only own same so than too very can will "
+    "just should now i you he she we they me him her us them my your his its our their"
+).split()
+
+
+def save_tiny_tokenizer(directory: str | Path, vocab_size: int = 128) -> Any:
+    """Save a word-level tokenizer of ``vocab_size`` tokens (pad 0, BOS 1, EOS 2, as :data:`TINY_SPECIAL`)
+    with a chat template to ``directory``, beside a tiny checkpoint, and return it loaded back with
+    ``AutoTokenizer`` (the Hub is not reachable from tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", *TINY_WORDS][:vocab_size]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    wrapped.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant {% endif %}"
+    )
+    wrapped.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
 def tiny_models(
     make_dir: Callable[[str], Any], backend: str
 ) -> Callable[..., tuple[Path, Any, Any]]:

@@ -170,8 +170,8 @@ def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) ->
                 run = engine.stop_rows(
                     run, _padded_rows(ends < request.max_new, state["finished"].shape[0])
                 )
-            if streamer is not None:
-                _put(streamer, _padded_tokens(new, ends, sent, step, request))
+            if streamer is not None:  # nothing past the end of the longest row, as transformers stops there
+                _put(streamer, _padded_tokens(new, ends, sent, int(min(step, ends.max())), request))
         sent = step
         finished = state["finished"][:rows].all() or (ends <= step).all()
         late = request.deadline is not None and time.monotonic() > request.deadline

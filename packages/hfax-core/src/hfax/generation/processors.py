@@ -44,16 +44,23 @@ class Step:
 class History:
     """What the processors may read of the tokens so far (torch tensors on the device).
 
-    ``ids`` ``[rows, slots]`` holds the prompt's bucket then the new tokens; ``valid`` says which slots
-    hold real tokens of the sequence so far (neither padding nor slots not yet written). ``end`` (0-d) is
-    the slot after the last token so far; ``length`` (0-d) is transformers' ``cur_len``, the length of
-    ``input_ids`` it would pass: the request's own width plus the new tokens so far.
+    ``ids`` ``[rows, slots]`` holds the prompt's bucket then the new tokens. ``present`` says which slots
+    hold the ``input_ids`` transformers would pass (the caller's prompt, its padding included, and the new
+    tokens so far: never hfax's bucket filler or slots not yet written); ``valid`` which of those are real
+    tokens (the prompt's padding left out, as transformers' repetition penalty leaves it out). ``end``
+    (0-d) is the slot after the last token so far; ``length`` (0-d) is transformers' ``cur_len``, the
+    length of that ``input_ids``.
     """
 
     ids: Any
     valid: Any
     end: Any
     length: Any
+    present: Any = None
+
+    def __post_init__(self) -> None:
+        if self.present is None:
+            self.present = self.valid
 
 
 def padded_ids(values: Any, slots: int = ID_SLOTS) -> np.ndarray:
@@ -195,31 +202,35 @@ def apply(steps: tuple[tuple[str, tuple[int, ...]], ...], arrays: list[dict[str,
 
 
 def token_mask(ids: Any, vocab: int) -> Any:
-    """``[vocab]`` bool: which tokens ``ids`` (1-D, -1 = none) names."""
+    """``[vocab]`` bool: which tokens ``ids`` (1-D; -1, or an id past the vocabulary: none) names."""
     import torch
 
     hits = torch.zeros((vocab,), dtype=torch.float32, device=ids.device)
-    weights = (ids >= 0).to(torch.float32)
-    return hits.scatter_add(0, ids.clamp(min=0).to(torch.int64), weights) > 0
+    weights = ((ids >= 0) & (ids < vocab)).to(torch.float32)
+    return hits.scatter_add(0, ids.clamp(0, vocab - 1).to(torch.int64), weights) > 0
 
 
 def _rows_mask(ids: Any, weights: Any, vocab: int) -> Any:
-    """``[rows, vocab]`` float: per row, the sum of ``weights`` ``[rows, n]`` at token ``ids`` ``[rows, n]``."""
+    """``[rows, vocab]`` float: per row, the sum of ``weights`` ``[rows, n]`` at token ``ids`` ``[rows, n]``
+    (ids outside the vocabulary count nowhere)."""
     import torch
 
     hits = torch.zeros((ids.shape[0], vocab), dtype=torch.float32, device=ids.device)
-    return hits.scatter_add(1, ids.clamp(min=0).to(torch.int64), weights.to(torch.float32))
+    inside = ((ids >= 0) & (ids < vocab)).to(torch.float32)
+    return hits.scatter_add(
+        1, ids.clamp(0, vocab - 1).to(torch.int64), weights.to(torch.float32) * inside
+    )
 
 
 def _last_tokens(history: History, count: int) -> Any:
-    """``[rows, count]``: the last ``count`` tokens so far, -1 where there is none (padding, before start)."""
+    """``[rows, count]``: the last ``count`` tokens so far, -1 where there is none (before the input)."""
     import torch
 
     columns = history.end - count + torch.arange(count, device=history.ids.device)
     inside = columns >= 0
     columns = columns.clamp(min=0).to(torch.int64)[None].expand(history.ids.shape[0], count)
     tokens = history.ids.gather(1, columns)
-    valid = history.valid.gather(1, columns) & inside[None]
+    valid = history.present.gather(1, columns) & inside[None]
     return torch.where(valid, tokens, torch.full_like(tokens, -1))
 
 
@@ -283,7 +294,7 @@ def _no_repeat_ngram(scores: Any, a: dict[str, Any], shape: tuple, history: Hist
     import torch
 
     (n,) = shape
-    ids, valid = history.ids, history.valid
+    ids, valid = history.ids, history.present
     starts = ids.shape[1] - n + 1
     if starts <= 0:
         return scores

@@ -138,6 +138,50 @@ def _check_fields(config: Any, features: frozenset[str]) -> str:
     return mode
 
 
+#: Ranges of the sampling settings: transformers skips a processor whose setting is out of range (a
+#: top_p of 1.5 builds none), so hfax checks them itself rather than ignore them.
+RANGES = {
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "typical_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "epsilon_cutoff": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "eta_cutoff": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "repetition_penalty": (lambda v: v > 0, "a number > 0 (1.0 disables it)"),
+    "top_k": (lambda v: _is_count(v), "an integer >= 0 (0 disables it)"),
+    "no_repeat_ngram_size": (lambda v: _is_count(v), "an integer >= 0 (0 disables it)"),
+}
+
+
+def _is_count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 0
+
+
+#: Generation-config fields holding a token id (or, for EOS, a list of them).
+TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id",
+                "forced_bos_token_id", "forced_eos_token_id")  # fmt: skip
+
+
+def _check_token_ids(config: Any) -> None:
+    for name in TOKEN_FIELDS:
+        value = getattr(config, name, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if value is not None and not all(_is_count(v) for v in values):
+            raise ValueError(
+                f"{name} must be a token id (an integer >= 0) or a list of them, got {value!r}"
+            )
+
+
+def _check_ranges(config: Any) -> None:
+    for name, (ok, what) in RANGES.items():
+        value = getattr(config, name, None)
+        if value is not None and not (isinstance(value, (int, float, np.number)) and ok(value)):
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+    if config.do_sample and config.temperature is not None and not config.temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 when sampling, got {config.temperature!r}; use do_sample=False for greedy"
+        )
+
+
 def _count(name: str, value: Any) -> None:
     if value is None:
         return
@@ -228,8 +272,12 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         for name in ("max_length", "min_length")
     }
     config, leftovers = module._prepare_generation_config(generation_config, **options)
+    mode = _check_fields(
+        config, features
+    )  # first: it names settings transformers passes on as inputs
     _check_leftovers(module, leftovers)
-    mode = _check_fields(config, features)
+    _check_ranges(config)
+    _check_token_ids(config)
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
         _count(name, getattr(config, name, None))
 

@@ -108,11 +108,18 @@ def running(state: dict[str, Any], limit: Any) -> Any:
 def _history(
     state: dict[str, Any], decoding: Decoding, arrays: dict[str, Any]
 ) -> processors.History:
+    import torch
+
+    end = decoding.prompt + state["step"]
+    columns = torch.arange(state["ids"].shape[1], device=state["ids"].device)
+    # transformers' input_ids: the caller's prompt, padding included, and the new tokens so far.
+    present = (columns >= decoding.prompt - arrays["width"]) & (columns < end)
     return processors.History(
         ids=state["ids"],
         valid=state["valid"],
-        end=decoding.prompt + state["step"],
+        end=end,
         length=arrays["width"] + state["step"],
+        present=present[None].expand_as(state["valid"]),
     )
 
 

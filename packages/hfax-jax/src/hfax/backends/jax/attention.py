@@ -7,7 +7,7 @@ padding position of a left-padded batch) then gets a softmax of ``-inf`` only: N
 the padding keys of the next layer into every real token of that row. PyTorch gives finite values there.
 Here masks are additive and finite (transformers' ``eager_mask``, or hfax's own in ``generate``), logits
 and softmax are float32, and grouped key/value heads are attended without repeating them. Keys and values
-fresh from hfax's slot cache are read around the cache write (``cache.attention``), which lets the
+fresh from hfax's slot cache are read around the cache write (:func:`around_write_attention`), which lets the
 decode loop update the cache in place.
 
 transformers picks a model's attention function by name (``config._attn_implementation``) from its
@@ -17,6 +17,7 @@ transformers picks a model's attention function by name (``config._attn_implemen
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -70,7 +71,7 @@ def attention_forward(
             "hfax_jax attention has no logit soft-capping; keep this model on eager attention"
         )
     options: dict[str, Any] = {"scale": scaling if scaling is not None else query.shape[-1] ** -0.5}
-    around_write = cache.attention(query, key, value, attention_mask, options["scale"])
+    around_write = around_write_attention(query, key, value, attention_mask, options["scale"])
     if around_write is not None:
         return around_write.transpose(1, 2), None
     if attention_mask is None:
@@ -119,3 +120,65 @@ def switch(model: torch.nn.Module, patcher: Any) -> None:
     # Set beneath the `_attn_implementation` property, whose setter would also switch every sub-config
     # (a vision tower's attention, which this does not vouch for).
     patcher.setattr(config, "_attn_implementation_internal", NAME)
+
+
+def around_write_attention(
+    query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float
+) -> torch.Tensor | None:
+    """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
+    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
+    keys, values = cache.written(key), cache.written(value)
+    if keys is None or values is None or mask is None:
+        return None
+    return torchax.interop.call_jax(
+        functools.partial(attend, scale=scale), query, keys, values, mask
+    )
+
+
+def attend(
+    query: jax.Array, keys: cache.Written, values: cache.Written, mask: jax.Array, scale: float
+) -> jax.Array:
+    """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
+
+    ``query`` is ``[batch, heads, q, head_dim]`` (a multiple of the key/value heads, grouped as transformers'
+    ``repeat_kv`` groups them); ``keys``/``values`` hold JAX arrays; ``mask`` is additive and broadcasts to
+    ``[batch, heads, q, length]``. The slots being written are read from the new states, the others from
+    the buffers as they were. Returns ``[batch, heads, q, head_dim]``.
+    """
+    batch, heads, length_q, dim = query.shape
+    new_keys, new_values, slot = keys.states, values.states, keys.slot
+    kv_heads, written = new_keys.shape[1], new_keys.shape[2]
+    groups = heads // kv_heads
+    # Grouped heads share their key/value head: attend with [batch, kv_heads, groups * q] queries, no repeat.
+    q = query.reshape(batch, kv_heads, groups * length_q, dim)
+    if mask.dtype == jnp.bool_:
+        mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+    mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(
+        batch, kv_heads, groups * length_q, -1
+    )
+    scores = [
+        jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
+        + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)
+    ]
+    if keys.before is not None:
+        slots = jnp.arange(mask.shape[-1])
+        stale = (slots >= slot) & (
+            slots < slot + written
+        )  # what the buffers held there is being replaced
+        old = (
+            jnp.einsum("bkqd,bkdl->bkql", q, keys.before, preferred_element_type=jnp.float32)
+            * scale
+        )
+        scores.insert(0, jnp.where(stale, jnp.finfo(jnp.float32).min, old + mask))
+    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(new_values.dtype)
+    output = jnp.einsum(
+        "bkqn,bknd->bkqd", weights[..., -written:], new_values, preferred_element_type=jnp.float32
+    )
+    if values.before is not None:
+        output += jnp.einsum(
+            "bkql,bkld->bkqd",
+            weights[..., :-written],
+            values.before,
+            preferred_element_type=jnp.float32,
+        )
+    return output.astype(query.dtype).reshape(batch, heads, length_q, dim)

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 
 from hfax.backends.jax import monitor, pytrees
+from hfax.backends.jax.mesh import adopt
 from hfax.backends.jax.model import JaxModel
-
-
-def _enable_compilation_cache() -> None:
-    """Keep compiled programs on disk so a second process does not compile again (unless the user chose a dir)."""
-    if jax.config.jax_compilation_cache_dir or os.environ.get("HFAX_NO_COMPILATION_CACHE"):
-        return
-    from hfax.demo import cache_dir
-
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
-    # CPU programs compile in about a second; cache them all, not only the slow ones.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 class JaxBackend:
@@ -29,9 +17,12 @@ class JaxBackend:
     name = "jax"
 
     def __init__(self) -> None:
-        _enable_compilation_cache()
         monitor.install()
         pytrees.register_loaded()
+
+    def adopt_mesh(self, mesh: Any, axis_names: Any = None) -> Any:
+        """A user's ``jax.sharding.Mesh`` as hfax uses it; see :func:`hfax.backends.jax.mesh.adopt`."""
+        return mesh if mesh is None else adopt(mesh, axis_names)
 
     def devices(self) -> list[str]:
         return [f"{device.platform}:{device.id}" for device in jax.devices()]

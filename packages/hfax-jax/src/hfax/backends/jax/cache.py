@@ -21,7 +21,7 @@ reading the updated buffer (XLA:CPU then fuses the update into each reader and c
 each), and reads of the old buffer that the write does not depend on (XLA then copies the buffer to keep
 the old contents). Either way every buffer is copied several times per step: at long prompts as many
 bytes as the weights. So ``update`` returns the updated buffers (correct for any attention) tagged with
-what it wrote (:class:`Written`); hfax's attention (:func:`attend`) reads the buffers as they were plus
+what it wrote (:class:`Written`); hfax's attention (:func:`hfax.backends.jax.attention.attend`) reads the buffers as they were plus
 the new keys and values beside them, and the buffers the next step gets (``SlotCache.buffers``) are
 written after the step's logits exist (:func:`ordered_after`). Keys are stored transposed, ``[batch,
 kv_heads, head_dim, length]``, the layout in which ``q @ k^T`` reads them without a copy; values
@@ -31,7 +31,6 @@ kv_heads, head_dim, length]``, the layout in which ``q @ k^T`` reads them withou
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -419,65 +418,3 @@ def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
     """
     index = jnp.asarray(index, jnp.int32)  # a traced slot, or the prefill's 0
     return jnp.minimum(index, index + jnp.isnan(value).any().astype(index.dtype))
-
-
-def attention(
-    query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float
-) -> torch.Tensor | None:
-    """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
-    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
-    keys, values = written(key), written(value)
-    if keys is None or values is None or mask is None:
-        return None
-    return torchax.interop.call_jax(
-        functools.partial(attend, scale=scale), query, keys, values, mask
-    )
-
-
-def attend(
-    query: jax.Array, keys: Written, values: Written, mask: jax.Array, scale: float
-) -> jax.Array:
-    """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
-
-    ``query`` is ``[batch, heads, q, head_dim]`` (a multiple of the key/value heads, grouped as transformers'
-    ``repeat_kv`` groups them); ``keys``/``values`` hold JAX arrays; ``mask`` is additive and broadcasts to
-    ``[batch, heads, q, length]``. The slots being written are read from the new states, the others from
-    the buffers as they were. Returns ``[batch, heads, q, head_dim]``.
-    """
-    batch, heads, length_q, dim = query.shape
-    new_keys, new_values, slot = keys.states, values.states, keys.slot
-    kv_heads, written = new_keys.shape[1], new_keys.shape[2]
-    groups = heads // kv_heads
-    # Grouped heads share their key/value head: attend with [batch, kv_heads, groups * q] queries, no repeat.
-    q = query.reshape(batch, kv_heads, groups * length_q, dim)
-    if mask.dtype == jnp.bool_:
-        mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
-    mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(
-        batch, kv_heads, groups * length_q, -1
-    )
-    scores = [
-        jnp.einsum("bkqd,bknd->bkqn", q, new_keys, preferred_element_type=jnp.float32) * scale
-        + jax.lax.dynamic_slice_in_dim(mask, slot, written, axis=-1)
-    ]
-    if keys.before is not None:
-        slots = jnp.arange(mask.shape[-1])
-        stale = (slots >= slot) & (
-            slots < slot + written
-        )  # what the buffers held there is being replaced
-        old = (
-            jnp.einsum("bkqd,bkdl->bkql", q, keys.before, preferred_element_type=jnp.float32)
-            * scale
-        )
-        scores.insert(0, jnp.where(stale, jnp.finfo(jnp.float32).min, old + mask))
-    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(new_values.dtype)
-    output = jnp.einsum(
-        "bkqn,bknd->bkqd", weights[..., -written:], new_values, preferred_element_type=jnp.float32
-    )
-    if values.before is not None:
-        output += jnp.einsum(
-            "bkql,bkld->bkqd",
-            weights[..., :-written],
-            values.before,
-            preferred_element_type=jnp.float32,
-        )
-    return output.astype(query.dtype).reshape(batch, heads, length_q, dim)

@@ -309,7 +309,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
         states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {"tokens": _whole(model, chosen), "states": states, "valid": valid}
+    state = {"tokens": chosen, "states": states, "valid": valid}
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden, "mask": source["mask"]}
     return state
@@ -400,18 +400,24 @@ class JaxEngine:
     def start(self, plan: driver.Plan) -> Run:
         model = self.model
         static = _static(model, plan)
-        ids, prompt_mask = mesh.shard_batch((plan.ids, plan.mask), model.mesh)
-        source = None
-        if plan.source is not None:
-            source_ids, source_mask = plan.source
-            source = mesh.shard_batch(
-                {"ids": source_ids, "mask": source_mask.astype(np.int32)}, model.mesh
-            )
-        arrays = mesh.replicate(plan.arrays, model.mesh)
+        ids, prompt_mask, source, arrays = self.inputs(plan)
         program = model.program("prefill", prefill_program)
         return Run(
             static, arrays, program(model.params, ids, prompt_mask, source, arrays, static=static)
         )
+
+    def inputs(self, plan: driver.Plan) -> tuple[Any, Any, Any, Any]:
+        """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
+        mesh's batch axes, settings whole on every device."""
+        mesh_ = self.model.mesh
+        ids, prompt_mask = mesh.shard_batch((plan.ids, plan.mask), mesh_)
+        source = None
+        if plan.source is not None:
+            source_ids, source_mask = plan.source
+            source = mesh.shard_batch(
+                {"ids": source_ids, "mask": source_mask.astype(np.int32)}, mesh_
+            )
+        return ids, prompt_mask, source, mesh.replicate(plan.arrays, mesh_)
 
     def advance(self, run: Run, limit: int) -> Run:
         limit_array = mesh.replicate(np.int32(limit), self.model.mesh)
@@ -463,6 +469,15 @@ def generate(model: Any, input_ids: Any, attention_mask: Any = None, **options: 
     return driver.generate(model, JaxEngine(model), input_ids, attention_mask, **options)
 
 
+def start(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Run:
+    """What ``generate`` starts for these arguments: the request settled, bucketed and prefilled."""
+    from hfax.generation import settings
+
+    engine = JaxEngine(model)
+    request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
+    return engine.start(driver.plan(model, request, engine))
+
+
 def lower(
     model: Any, input_ids: Any, attention_mask: Any = None, **options: Any
 ) -> jax.stages.Lowered:
@@ -471,12 +486,8 @@ def lower(
     ``lower(model, ids, max_new_tokens=8).compile().as_text()`` is the optimized HLO, e.g. to count the
     collectives a mesh costs.
     """
-    from hfax.generation import settings
-
-    engine = JaxEngine(model)
-    request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
-    run = engine.start(driver.plan(model, request, engine))
-    limit = mesh.replicate(np.int32(request.max_new), model.mesh)
+    run = start(model, input_ids, attention_mask, **options)
+    limit = mesh.replicate(np.int32(run.static.decoding.capacity), model.mesh)
     program = model.program("decode", decode_program, donate=("state",))
     return program.lower(model.params, run.state, limit, run.arrays, static=run.static)
 

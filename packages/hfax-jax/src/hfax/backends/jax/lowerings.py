@@ -225,13 +225,13 @@ def _attend_written(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Any:
-    """Attention over keys and values a slot-cache write returned, read around the write (``cache.attend``);
+    """Attention over keys and values a slot-cache write returned, read around the write (``attention.attend``);
     ``None`` for any other call."""
-    from hfax.backends.jax import cache
+    from hfax.backends.jax import attention
 
     if is_causal or dropout_p:
         return None
-    return cache.attention(
+    return attention.around_write_attention(
         query, key, value, attn_mask, 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     )
 

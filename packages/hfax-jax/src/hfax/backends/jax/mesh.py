@@ -42,6 +42,39 @@ def make_mesh(**axis_sizes: int) -> Mesh:
     )
 
 
+def adopt(mesh: Mesh, axis_names: Mapping[str, str] | None = None) -> Mesh:
+    """A user's mesh as hfax places weights on it: the same devices in the same order, with Auto axes named
+    among ``data``, ``fsdp``, ``model``.
+
+    ``axis_names`` maps hfax's names to the mesh's (``{"model": "tp", "data": "dp"}``). Explicit and
+    Explicit/Auto-mixed axes (``jax.make_mesh``'s default in jax 0.10) become Auto: the transformers code
+    hfax runs has no sharding annotations, so GSPMD decides where intermediates go, as on hfax's own meshes.
+    A mesh whose axes hfax does not know is refused: every weight would stay whole on every device.
+    """
+    mapping = dict(axis_names or {})
+    unknown = set(mapping) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(
+            f"axis_names keys must be hfax's axes {MESH_AXES}, got {sorted(unknown)}; e.g. "
+            'axis_names={"model": "tp", "data": "dp"}'
+        )
+    missing = set(mapping.values()) - set(mesh.axis_names)
+    if missing:
+        raise ValueError(
+            f"axis_names names {sorted(missing)}, which the mesh lacks (its axes: {mesh.axis_names})"
+        )
+    rename = {theirs: ours for ours, theirs in mapping.items()}
+    names = tuple(rename.get(name, name) for name in mesh.axis_names)
+    strange = [name for name in names if name not in MESH_AXES]
+    if strange:
+        raise ValueError(
+            f"mesh axes {strange} are not among hfax's axes {MESH_AXES} (data: batch rows, fsdp: batch "
+            "rows and weights, model: tensor parallelism); name them so in jax.make_mesh, or map them: "
+            f"from_pretrained(..., mesh=mesh, axis_names={{'model': {strange[0]!r}}})"
+        )
+    return Mesh(mesh.devices, names, axis_types=(AxisType.Auto,) * len(names))
+
+
 def partition(
     plan: ShardingPlan, name: str, shape: tuple[int, ...], sizes: Mapping[str, int]
 ) -> PartitionSpec:

@@ -14,6 +14,7 @@ import torch
 from hfax.backends.jax import generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
+from hfax.backends.jax.weights import host_tensor
 from hfax.model import BackendModel
 
 
@@ -21,7 +22,9 @@ class JaxModel(BackendModel):
     """A transformers model whose weights live in JAX arrays and whose calls run as compiled XLA programs.
 
     * ``model(**inputs)`` runs the jitted forward and returns the transformers output type with ``jax.Array``
-      fields; Python flags (``use_cache``, ``return_dict``, ...) are static, arrays are traced.
+      fields (CPU torch tensors when the inputs are torch tensors, as transformers' pipelines pass them);
+      Python flags (``use_cache``, ``return_dict``, ...) are static, arrays are traced. Inside a user's
+      ``jax.jit`` / ``jax.grad`` / ``jax.vmap`` it runs :meth:`apply` on the traced values.
     * ``model.params`` is the weight pytree and ``model.apply(params, *args, **kwargs)`` the pure forward, for
       ``jax.jit`` / ``jax.grad``.
     * ``model.generate(...)`` runs prefill and the whole decode loop on device (see ``generate.py``).
@@ -36,6 +39,11 @@ class JaxModel(BackendModel):
         return floats[0] if floats else jnp.float32
 
     @property
+    def device(self) -> torch.device:
+        """The torch device callers keep inputs on: the CPU (the weights live on ``platform``'s devices)."""
+        return torch.device("cpu")
+
+    @property
     def platform(self) -> str:
         """Where the weights live: ``"cpu"``, ``"tpu"``, ``"gpu"``."""
         first = next(iter(self.params.values()), None)
@@ -43,6 +51,9 @@ class JaxModel(BackendModel):
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.params.values())
+
+    def host_params(self) -> dict[str, torch.Tensor]:
+        return {name: host_tensor(array) for name, array in self.params.items()}
 
     def sharding_report(self) -> Any:
         """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape,
@@ -97,20 +108,45 @@ class JaxModel(BackendModel):
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
+        inputs = self.named_inputs(args, inputs)
         arrays, static = {}, {}
-        for name, value in self.named_inputs(args, inputs).items():
+        for name, value in inputs.items():
             if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
                 arrays[name] = as_jax(value)
             else:
                 static[name] = value
+        if any(isinstance(value, jax.core.Tracer) for value in arrays.values()):
+            # Inside the caller's jit / grad / vmap: their transformation traces the pure forward.
+            return self.apply(self.params, **arrays, **static)
         arrays = shard_batch(arrays, self.mesh)
-        return self.program("forward", JaxModel._forward)(
+        output = self.program("forward", JaxModel._forward)(
             self.params, arrays, static=tuple(sorted(static.items()))
         )
+        return _like_inputs(output, inputs)
 
-    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> jax.Array:
-        """Generate on device with transformers' semantics; see :func:`hfax.backends.jax.generate.generate`."""
+    def to_nnx(self, *, compute_dtype: Any = None, remat: bool = False) -> Any:
+        """This model as a Flax NNX module sharing its placed weights, for training: see
+        :class:`hfax.backends.jax.train.TransformersModule` (needs ``pip install "hfax-jax[train]"``)."""
+        try:
+            from hfax.backends.jax.train import to_nnx
+        except ImportError as error:
+            raise ImportError(
+                f'to_nnx needs flax and optax ({error}); install them with pip install "hfax-jax[train]"'
+            ) from error
+        return to_nnx(self, compute_dtype=compute_dtype, remat=remat)
+
+    def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
+        """transformers' ``generate`` on device (:mod:`hfax.generation`): the result has the array type
+        of ``input_ids`` (numpy, torch or JAX), or is transformers' ``Generate*Output``."""
+        self.check_can_generate()
         return generation.generate(self, input_ids, attention_mask, **options)
+
+
+def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
+    """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor."""
+    if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
+        return output
+    return jax.tree.map(lambda x: host_tensor(x) if isinstance(x, jax.Array) else x, output)
 
 
 def _host_to_jax(value: Any) -> Any:

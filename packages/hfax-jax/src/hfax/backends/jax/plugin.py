@@ -22,6 +22,22 @@ def hfax_backends() -> list[BackendSpec]:
 
 
 @hookimpl
+def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
+    """Attention through hfax's JAX kernel for the families that declare transformers' attention
+    contract (``FamilySpec.features``); every other model keeps its own."""
+    if backend != NAME:
+        return
+    from hfax import plugins
+    from hfax.registry import ATTENTION_INTERFACE
+
+    spec = plugins.families().get(family)
+    if spec is not None and ATTENTION_INTERFACE in spec.features:
+        from hfax.backends.jax import attention
+
+        attention.switch(model, patcher)
+
+
+@hookimpl
 def hfax_plan_layout(model: Any, plan: Any, mesh: Any, backend: str) -> Any:
     """What ``hfax_shard_weights`` will put on each device, from shapes alone, and the devices' memory."""
     if backend != NAME:

@@ -7,6 +7,11 @@ small model, several for a real one, in every process. hfax also keeps the trace
 under a key made of everything the trace depends on. A later process with the same key deserializes it
 in milliseconds and compiles it, which the persistent cache answers.
 
+Both caches live in JAX's compilation cache folder: the user's (``jax_compilation_cache_dir``) when they
+set one, else hfax's (``$HFAX_CACHE/jax``), which :func:`compilation_cache` enables around hfax's own
+programs only, through JAX's thread-local settings: loading a model changes no global JAX setting, and the
+user's own programs are not cached unless they ask for it.
+
 The key (:func:`model_fingerprint` and :func:`call_key`): the program's name and static settings; the
 structure, shapes, dtypes and shardings of its arguments; the model's class, the source file it is defined
 in, its full config (attention implementation included) and every hfax patch on it; the versions of jax,
@@ -19,6 +24,7 @@ runs through ``jax.jit`` as usual.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -31,12 +37,40 @@ from typing import Any, Callable
 
 import jax
 
+# JAX's config options as thread-local context managers (jax.config.update only sets them globally).
+from jax._src import config as jax_config
+
 log = logging.getLogger("hfax")
 
 #: Bumped when what is stored changes meaning.
 FORMAT = 1
 _VERSIONED = ("jax", "jaxlib", "torch", "torchax", "transformers")
 _FLAGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_dynamic_shapes")
+
+
+@functools.cache
+def _hfax_compilation_dir() -> str:
+    from hfax.demo import cache_dir as hfax_cache_dir
+
+    path = str(hfax_cache_dir() / "jax")
+    log.info(
+        "hfax: JAX's persistent compilation cache for hfax's programs is %s (set jax_compilation_cache_dir "
+        "to use your own; HFAX_NO_COMPILATION_CACHE=1 turns it off)",
+        path,
+    )
+    return path
+
+
+def compilation_cache() -> contextlib.AbstractContextManager:
+    """Around a compile of hfax's: JAX's persistent cache in hfax's folder, every program cached (CPU ones
+    compile in about a second, under JAX's 1 s threshold), unless the user configured a cache or turned it
+    off. Thread-local, so the user's settings and programs are untouched."""
+    if os.environ.get("HFAX_NO_COMPILATION_CACHE") or jax.config.jax_compilation_cache_dir:
+        return contextlib.nullcontext()
+    scope = contextlib.ExitStack()
+    scope.enter_context(jax_config.compilation_cache_dir(_hfax_compilation_dir()))
+    scope.enter_context(jax_config.persistent_cache_min_compile_time_secs(0))
+    return scope
 
 
 def cache_dir() -> Path | None:
@@ -152,10 +186,11 @@ class Program:
 
     def __call__(self, *args: Any, static: Any) -> Any:
         key = call_key(self.name, static, args)
-        run = self._callables.get(key)
-        if run is None:
-            run = self._callables[key] = self._build(key, args, static)
-        return run(*args)
+        with compilation_cache():
+            run = self._callables.get(key)
+            if run is None:
+                run = self._callables[key] = self._build(key, args, static)
+            return run(*args)
 
     def _build(self, key: str, args: tuple[Any, ...], static: Any) -> Callable[..., Any]:
         directory = cache_dir()

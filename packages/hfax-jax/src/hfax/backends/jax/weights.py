@@ -1,4 +1,4 @@
-"""Moving a PyTorch model's weights into JAX arrays, placed on devices."""
+"""Moving a PyTorch model's weights into JAX arrays, placed on devices, and back to the host."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX or numpy array as a CPU torch tensor, gathered whole (bfloat16 through its bit pattern, which
+    numpy cannot hand torch): the inverse of :func:`host_array`."""
+    array = np.array(array)  # a writable copy: torch warns on JAX's read-only host buffers
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.Array]:
     """Place every parameter and buffer of ``model`` and make the module hold torchax views of them.
 
@@ -43,3 +52,12 @@ def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.
             )
         registry[name] = moved[id(tensor)]
     return params
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """A JAX (or numpy) array as a CPU torch tensor, gathered from its devices (bfloat16 through its bit
+    pattern): the inverse of :func:`host_array`."""
+    array = np.asarray(jax.device_get(array))
+    if array.dtype == jnp.bfloat16:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())

@@ -1,14 +1,15 @@
 """The Gemma family's hook implementations (entry point ``gemma`` in group ``hfax``).
 
-Importing this module imports neither torch nor jax, so ``hfax plugins`` stays cheap; a backend's
-patches import it only when they run.
+The family claims its model types and declares what its tested models allow (``FamilySpec.features``);
+each backend's own patch hook acts on that, so this module imports no backend, nor torch or jax.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hfax import FamilySpec, Patcher, hookimpl
+from hfax import FamilySpec, hookimpl
+from hfax.registry import ATTENTION_INTERFACE
 
 FAMILY = "gemma"
 
@@ -16,27 +17,15 @@ FAMILY = "gemma"
 #: passes token ids only). Each has a parity test against PyTorch in ``tests/``.
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 
-#: The transformers versions the patches below were tested with; outside them hfax warns (strict: raises).
+#: The transformers versions the family was tested with; outside them hfax warns (strict: raises).
 TRANSFORMERS = ">=5.23,<5.24"
 
 
 @hookimpl
 def hfax_families() -> list[FamilySpec]:
-    return [FamilySpec(FAMILY, MODEL_TYPES, TRANSFORMERS)]
+    return [FamilySpec(FAMILY, MODEL_TYPES, TRANSFORMERS, features=(ATTENTION_INTERFACE,))]
 
 
 @hookimpl
 def hfax_detect_model(config: Any) -> str | None:
     return FAMILY if getattr(config, "model_type", None) in MODEL_TYPES else None
-
-
-@hookimpl
-def hfax_patch_model(model: Any, family: str, backend: str, patcher: Patcher) -> None:
-    if family != FAMILY:
-        return
-    if backend == "jax":
-        from hfax.backends.jax import attention
-
-        # Gemma 2 soft-caps its attention logits, so transformers runs it eagerly (exact and finite on
-        # JAX); switch() leaves every attention but the default sdpa alone.
-        attention.switch(model, patcher)

@@ -41,6 +41,9 @@ class TorchXlaModel(BackendModel):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.params.values())
 
+    def host_params(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().cpu() for name, tensor in self.params.items()}
+
     def sharding_report(self) -> Any:
         """Where every weight lives: an :class:`hfax.Layout` whose ``str`` is the table (tensor, shape, dtype,
         spec, bytes per device) and whose ``bytes_per_device`` is the total a device holds."""
@@ -65,6 +68,7 @@ class TorchXlaModel(BackendModel):
     def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
         """transformers' ``generate`` on device, returning the type ``input_ids`` has (torch in, torch out);
         see :mod:`hfax.backends.torchxla.generation`."""
+        self.check_can_generate()
         return generation.generate(self, input_ids, attention_mask, **options)
 
 

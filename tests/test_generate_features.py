@@ -1,0 +1,448 @@
+"""transformers' ``generate`` surface on every installed backend, against transformers itself on the same
+weights: processors, stopping, beam search, returned sequences and scores, randomness, output types, errors.
+
+Tiny models with spread weights (their next token depends on the context, so a wrong history shows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hfax
+from hfax.plugins import backends
+from hfax.testing import TINY_SPECIAL, as_numpy, left_padded, save_tiny, tiny_config
+
+BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
+pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
+
+PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
+
+
+def gemma3_config() -> transformers.Gemma3TextConfig:
+    return transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=128,
+        max_position_embeddings=256,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        **TINY_SPECIAL,
+    )
+
+
+def bart_config() -> transformers.BartConfig:
+    return transformers.BartConfig(
+        vocab_size=128,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        forced_eos_token_id=None,
+        decoder_start_token_id=2,
+        **TINY_SPECIAL,
+    )
+
+
+CONFIGS = {
+    "llama": lambda: tiny_config("llama"),
+    "gemma3": gemma3_config,
+    "gpt2": lambda: tiny_config("gpt2"),
+}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny(backend, tmp_path_factory):
+    import os
+
+    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))
+    built = {}
+
+    def build(name):
+        if name not in built:
+            directory = tmp_path_factory.mktemp(name)
+            if name == "bart":
+                reference = save_tiny(
+                    bart_config(), directory, "AutoModelForSeq2SeqLM", spread=True
+                )
+                model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(directory), backend=backend)
+            else:
+                reference = save_tiny(CONFIGS[name](), directory, spread=True)
+                model = hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend=backend)
+            built[name] = reference, model
+        return built[name]
+
+    return build
+
+
+def transformers_generate(reference, ids, mask=None, **options):
+    with torch.no_grad():
+        return reference.generate(
+            torch.as_tensor(ids),
+            attention_mask=None if mask is None else torch.as_tensor(mask),
+            **options,
+        )
+
+
+GREEDY_CASES = {
+    "repetition_penalty": dict(repetition_penalty=1.8),
+    "no_repeat_ngram": dict(no_repeat_ngram_size=2),
+    "bad_words": dict(bad_words_ids=[[5], [9, 23], [40, 41, 42]]),
+    "sequence_bias": dict(sequence_bias=[[[7], 4.0], [[3, 3], -8.0]]),
+    "suppress": dict(suppress_tokens=[3, 10, 77], begin_suppress_tokens=[11, 12]),
+    "min_length": dict(min_length=14, eos_token_id=[2, 3]),
+    "forced_eos": dict(forced_eos_token_id=4),
+    "max_length": dict(max_length=13, max_new_tokens=None),
+    "eos_list": dict(eos_token_id=[3, 10, 77]),
+    "remove_invalid": dict(remove_invalid_values=True, renormalize_logits=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GREEDY_CASES))
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_greedy_processors_match_transformers(tiny, name, case):
+    reference, model = tiny(name)
+    ids, mask = left_padded(PROMPTS)
+    options = {"max_new_tokens": 16, "do_sample": False, **GREEDY_CASES[case]}
+    want = transformers_generate(reference, ids, mask, **options).numpy()
+    got = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gpt2_and_processors_together(tiny):
+    reference, model = tiny("gpt2")
+    ids = np.array([PROMPTS[0]])
+    options = dict(
+        max_new_tokens=20, repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=5
+    )
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, **options)),
+        transformers_generate(reference, ids, **options).numpy(),
+    )
+
+
+def test_a_batch_of_one_stops_at_eos_like_transformers(tiny):
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    free = as_numpy(model.generate(ids, max_new_tokens=12))
+    eos = int(free[0, len(PROMPTS[0]) + 3])
+    want = transformers_generate(
+        reference, ids, max_new_tokens=12, eos_token_id=eos, pad_token_id=0
+    ).numpy()
+    got = as_numpy(model.generate(ids, max_new_tokens=12, eos_token_id=eos, pad_token_id=0))
+    assert got.shape == want.shape and got.shape[1] < ids.shape[1] + 12
+    np.testing.assert_array_equal(got, want)
+
+
+def test_eos_none_overrides_the_generation_config(tiny):
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[1]])
+    options = dict(max_new_tokens=10, eos_token_id=None, min_new_tokens=3)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, **options)),
+        transformers_generate(reference, ids, **options).numpy(),
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_beams=3),
+        dict(num_beams=4, num_return_sequences=2, length_penalty=0.5),
+        dict(num_beams=3, early_stopping=True, eos_token_id=[3, 10]),
+        dict(num_beams=2, early_stopping="never", length_penalty=2.0, no_repeat_ngram_size=2),
+    ],
+    ids=["plain", "return2", "early", "never"],
+)
+def test_beam_search_matches_transformers(tiny, backend, options):
+    if backend == "torch_xla" and "beams" not in _features(tiny):
+        pytest.skip("torch_xla refuses beam search (tested below)")
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    options = dict(
+        max_new_tokens=12,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        **options,
+    )
+    want = transformers_generate(reference, ids, mask, **options)
+    got = model.generate(ids, attention_mask=mask, **options)
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    np.testing.assert_allclose(
+        as_numpy(got.sequences_scores), want.sequences_scores.numpy(), atol=1e-4
+    )
+    np.testing.assert_array_equal(as_numpy(got.beam_indices), want.beam_indices.numpy())
+    assert len(got.scores) == len(want.scores)
+    for mine, theirs in zip(got.scores, want.scores):
+        finite = torch.isfinite(theirs).numpy()
+        np.testing.assert_allclose(as_numpy(mine)[finite], theirs.numpy()[finite], atol=1e-4)
+
+
+def test_scores_and_logits_match_transformers(tiny):
+    reference, model = tiny("gemma3")
+    ids, mask = left_padded(PROMPTS)
+    options = dict(
+        max_new_tokens=8, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True,
+        repetition_penalty=1.2,
+    )  # fmt: skip
+    want = transformers_generate(reference, ids, mask, **options)
+    got = model.generate(ids, attention_mask=mask, **options)
+    assert type(got).__name__ == type(want).__name__ == "GenerateDecoderOnlyOutput"
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    for name in ("scores", "logits"):
+        assert len(getattr(got, name)) == len(getattr(want, name))
+        for mine, theirs in zip(getattr(got, name), getattr(want, name)):
+            np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4)
+
+
+def test_encoder_decoder_greedy_and_beams(tiny, backend):
+    reference, model = tiny("bart")
+    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
+    ids, mask = (
+        ids[:, ::-1].copy(),
+        mask[:, ::-1].copy(),
+    )  # an encoder's input is padded on the right
+    for options in (
+        dict(max_new_tokens=10),
+        dict(max_new_tokens=10, num_beams=3, num_return_sequences=2),
+    ):
+        try:
+            got = as_numpy(model.generate(ids, attention_mask=mask, **options))
+        except NotImplementedError as error:
+            assert backend == "torch_xla", error
+            continue
+        np.testing.assert_array_equal(
+            got, transformers_generate(reference, ids, mask, **options).numpy()
+        )
+
+
+def test_generation_config_argument(tiny):
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[2]])
+    config = transformers.GenerationConfig(max_new_tokens=9, repetition_penalty=1.5, **TINY_SPECIAL)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, generation_config=config)),
+        transformers_generate(reference, ids, generation_config=config).numpy(),
+    )
+
+
+def test_settings_on_the_model_generation_config_are_honoured(tiny):
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    saved = model.generation_config.no_repeat_ngram_size
+    model.generation_config.no_repeat_ngram_size = 2
+    try:
+        want = transformers_generate(reference, ids, max_new_tokens=14).numpy()
+        np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=14)), want)
+    finally:
+        model.generation_config.no_repeat_ngram_size = saved
+        reference.generation_config.no_repeat_ngram_size = saved
+
+
+SAMPLING = dict(do_sample=True, max_new_tokens=12, temperature=1.3, top_k=0)
+
+
+def test_sampling_is_fresh_unless_seeded(tiny):
+    _, model = tiny("llama")
+    ids = np.array([PROMPTS[0]] * 2)
+    runs = [as_numpy(model.generate(ids, **SAMPLING)) for _ in range(2)]
+    assert not np.array_equal(*runs), "two unseeded calls gave the same tokens"
+    seeded = [as_numpy(model.generate(ids, seed=5, **SAMPLING)) for _ in range(2)]
+    np.testing.assert_array_equal(*seeded)
+    torch.manual_seed(11)
+    first = as_numpy(model.generate(ids, **SAMPLING))
+    torch.manual_seed(11)
+    np.testing.assert_array_equal(first, as_numpy(model.generate(ids, **SAMPLING)))
+
+
+#: Each warper, and the same warper a little looser: a token hfax sampled may lie just past transformers'
+#: cutoff when the logits of the two (JAX or XLA against PyTorch) differ in their last bits.
+WARPERS = [
+    (dict(top_k=3), dict(top_k=4)),
+    (dict(top_p=0.5, top_k=0), dict(top_p=0.55, top_k=0)),
+    (dict(min_p=0.3, top_k=0), dict(min_p=0.27, top_k=0)),
+    (dict(typical_p=0.4, top_k=0), dict(typical_p=0.44, top_k=0)),
+    (dict(epsilon_cutoff=0.05, top_k=0), dict(epsilon_cutoff=0.045, top_k=0)),
+    (dict(eta_cutoff=0.05, top_k=0), dict(eta_cutoff=0.045, top_k=0)),
+]
+
+
+def test_warpers_sample_within_what_transformers_allows(tiny):
+    """Every sampled token has non-zero probability under transformers' own warpers for its prefix (up to
+    a token at the cutoff's edge), and most samples are inside the strict cutoff."""
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]] * 4)
+    for warp, looser in WARPERS:
+        out = as_numpy(
+            model.generate(ids, do_sample=True, max_new_tokens=6, seed=3, temperature=0.9, **warp)
+        )
+        with torch.no_grad():
+            logits = reference(torch.from_numpy(out)).logits.float()
+        inside = []
+        for settings, strict in ((warp, True), (looser, False)):
+            config = transformers.GenerationConfig(do_sample=True, temperature=0.9, **settings)
+            processors = reference._get_logits_processor(
+                config, ids.shape[1], None, None, None, "cpu"
+            )
+            for t in range(ids.shape[1], out.shape[1]):
+                scores = processors(torch.from_numpy(out[:, :t]), logits[:, t - 1])
+                chosen = torch.isfinite(scores.gather(1, torch.from_numpy(out[:, t : t + 1])))
+                if strict:
+                    inside.append(chosen)
+                else:
+                    assert chosen.all(), (warp, t)
+        assert torch.cat(inside).float().mean() > 0.9, warp
+
+
+def test_num_return_sequences_with_sampling(tiny):
+    _, model = tiny("llama")
+    out = as_numpy(
+        model.generate(
+            np.array([PROMPTS[0], [1, 6, 100, 12, 7, 9]]), num_return_sequences=3, seed=1, **SAMPLING
+        )
+    )
+    assert out.shape[0] == 6
+    assert len({tuple(row) for row in out[:3]}) > 1  # the three samples of one prompt differ
+
+
+def test_the_result_has_the_type_it_was_given(tiny):
+    import jax.numpy as jnp
+
+    _, model = tiny("llama")
+    prompt = [PROMPTS[0]]
+    assert isinstance(model.generate(np.array(prompt), max_new_tokens=3), np.ndarray)
+    result = model.generate(torch.tensor(prompt), max_new_tokens=3)
+    assert isinstance(result, torch.Tensor) and result.dtype == torch.int64
+    assert hasattr(model.generate(jnp.asarray(prompt), max_new_tokens=3), "addressable_shards")
+
+
+def test_processor_settings_are_traced_values(tiny):
+    _, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    model.generate(
+        ids, max_new_tokens=5, repetition_penalty=1.2, do_sample=True, temperature=0.7, seed=1
+    )
+    for penalty, temperature in ((1.5, 0.9), (2.0, 1.4)):
+        model.generate(
+            ids,
+            max_new_tokens=5,
+            repetition_penalty=penalty,
+            do_sample=True,
+            temperature=temperature,
+            seed=1,
+        )
+        assert model.last_generate_stats.compiles == 0
+
+
+def test_beam_search_compiles_once_per_bucket_and_beam_count(tiny, backend):
+    _, model = tiny("llama")
+    try:
+        model.generate(np.array([PROMPTS[0]]), max_new_tokens=6, num_beams=2)
+    except NotImplementedError:
+        assert backend == "torch_xla"
+        return
+    for prompt in (PROMPTS[1], PROMPTS[2]):
+        model.generate(np.array([prompt]), max_new_tokens=6, num_beams=2, length_penalty=1.5)
+        assert model.last_generate_stats.compiles == 0
+
+
+class Collect:
+    def __init__(self):
+        self.chunks = []
+
+    def put(self, value):
+        self.chunks.append(as_numpy(value).reshape(-1))
+
+    def end(self):
+        pass
+
+
+def test_stop_strings_stop_like_transformers(tiny, tmp_path):
+    tokenizer = word_tokenizer(tmp_path)
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    free = as_numpy(model.generate(ids, max_new_tokens=12, eos_token_id=None))[0, ids.shape[1] :]
+    stop = tokenizer.decode(free[4:6].tolist())  # two tokens in the middle of what comes
+    options = dict(max_new_tokens=12, stop_strings=[stop], tokenizer=tokenizer, eos_token_id=None)
+    want = transformers_generate(reference, ids, **options).numpy()
+    streamer = Collect()
+    got = as_numpy(model.generate(ids, streamer=streamer, **options))
+    assert got.shape[1] < ids.shape[1] + 12
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.concatenate(streamer.chunks), got[0])
+
+
+def word_tokenizer(directory):
+    """A fast tokenizer whose tokens are the words w0 ... w126 (and abcdef), joined by spaces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(127)} | {
+        "abcdef": 127
+    }  # StopStringCriteria probes with "abcdef"
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="w0", eos_token="w2"
+    )
+
+
+@pytest.mark.parametrize(
+    "options, error, words",
+    [
+        (
+            dict(num_beam_groups=2, num_beams=4, diversity_penalty=1.0),
+            NotImplementedError,
+            "group_beam_search",
+        ),
+        (dict(num_beams=2, do_sample=True), NotImplementedError, "beam_sample"),
+        (
+            dict(output_attentions=True, return_dict_in_generate=True),
+            NotImplementedError,
+            "output_attentions",
+        ),
+        (
+            dict(encoder_repetition_penalty=1.5),
+            NotImplementedError,
+            "EncoderRepetitionPenaltyLogitsProcessor",
+        ),
+        (dict(bad_words_ids=[[500]]), ValueError, "outside the vocabulary"),
+        (dict(pixel_values=np.zeros((1, 3))), TypeError, "pixel_values"),
+    ],
+)
+def test_what_cannot_run_is_refused_before_compiling(tiny, options, error, words):
+    reference, model = tiny("llama")
+    with pytest.raises(error, match=words):
+        model.generate(np.array([PROMPTS[0]]), max_new_tokens=4, **options)
+    assert model.last_generate_stats is None or model.last_generate_stats.compiles >= 0
+    good = np.array([PROMPTS[1]])
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(good, max_new_tokens=6)),
+        transformers_generate(reference, good, max_new_tokens=6).numpy(),
+    )
+
+
+def test_special_ids_outside_the_vocabulary(tiny):
+    """Checkpoints whose pad id equals the vocabulary size exist: the bucket filler stays inside it."""
+    reference, model = tiny("llama")
+    ids = np.array([[1] + list(range(20, 36))])  # 17 tokens: the prompt needs bucket filler
+    options = dict(max_new_tokens=8, pad_token_id=128, eos_token_id=[2, 500])
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, **options)),
+        transformers_generate(reference, ids, **options).numpy(),
+    )

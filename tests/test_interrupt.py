@@ -1,0 +1,63 @@
+"""Ctrl-C stops a long non-streaming ``generate`` within a couple of seconds, not when its decode loop ends."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hfax.plugins import backends
+
+pytestmark = pytest.mark.skipif("jax" not in backends(), reason="needs the JAX backend")
+
+CHILD = r"""
+import sys, time, numpy as np, transformers, hfax
+from hfax.testing import save_tiny
+config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=8192)
+save_tiny(config, sys.argv[1])
+model = hfax.AutoModelForCausalLM.from_pretrained(sys.argv[1], backend="jax")
+prompt = np.array([[1, 2, 3, 4]])
+model.generate(prompt, max_new_tokens=4000, min_new_tokens=4000, eos_token_id=None)  # compile the loop
+started = time.perf_counter()
+model.generate(prompt, max_new_tokens=256, min_new_tokens=256, eos_token_id=None)
+print("seconds-per-token", (time.perf_counter() - started) / 256, flush=True)
+print("ready", flush=True)
+try:
+    model.generate(prompt, max_new_tokens=4000, min_new_tokens=4000, eos_token_id=None)
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_a_long_generate(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path / "model")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**__import__("os").environ, "HFAX_CACHE": str(tmp_path / "cache")},
+    )
+    try:
+        seconds_per_token = None
+        for line in child.stdout:
+            if line.startswith("seconds-per-token"):
+                seconds_per_token = float(line.split()[1])
+            if line.strip() == "ready":
+                break
+        uninterrupted = 4000 * seconds_per_token
+        assert uninterrupted > 6, f"the long call would take only {uninterrupted:.1f} s: no test"
+        time.sleep(1.0)  # the decode loop is running
+        sent = time.perf_counter()
+        child.send_signal(signal.SIGINT)
+        last = child.stdout.readline().strip()
+        latency = time.perf_counter() - sent
+        assert last == "interrupted", last
+        assert latency < 2.0, f"Ctrl-C took {latency:.2f} s (the whole call: {uninterrupted:.1f} s)"
+    finally:
+        child.kill()
+        child.wait()
