@@ -1,15 +1,10 @@
 """``nn.Linear`` layers that multiply by an ``[in, out]`` copy of their weight while ``generate`` holds one.
 
-torch_xla 2.9's XLA:CPU multiplies a few rows by PyTorch's ``[out, in]`` weight three to seven times
-slower than by the same weight stored ``[in, out]`` (a ``[2048, 768]`` weight, compiled with ``openxla``,
-100 calls, 2-core EPYC; float32, 2 rows: 1.74 against 0.24 ms, 8 rows: 1.16 against 0.26, 32 rows: 1.66
-against 1.26; bfloat16, 8 rows: 1.93 against 0.64). One row is as fast ``[out, in]`` in float32 (0.19
-against 0.15) and much faster in bfloat16 (0.16 against 2.86), so batch 1 keeps it.
-
-A bfloat16 weight is copied as float32. XLA:CPU has no bfloat16 product: it converts both operands to
-float32 and rounds the result, so every decode step converted every weight again. The float32 copy is
-that conversion, done once per call, and the tokens are the same (the tests compare them).
-docs/PERFORMANCE.md has the decode speeds with and without the copies.
+torch_xla 2.9's XLA:CPU multiplies a few rows by PyTorch's ``[out, in]`` weight several times slower than
+by the same weight stored ``[in, out]``; one row is as fast or faster ``[out, in]``, so batch 1 keeps it.
+A bfloat16 weight is copied as float32: XLA:CPU has no bfloat16 product and would convert every weight on
+every step; the copy is that conversion, done once per call, and the tokens are the same (the tests
+compare them). The package README has the measurements.
 
 The plugin's patch hook binds :func:`forward` to every ``nn.Linear`` of a model loaded for torch_xla
 (through ``hfax.Patcher``, undone by ``hfax.unpatch``); without a copy it is ``nn.Linear``'s forward.
