@@ -170,8 +170,6 @@ def test_eos_none_overrides_the_generation_config(tiny):
     ids=["plain", "return2", "early", "never"],
 )
 def test_beam_search_matches_transformers(tiny, backend, options):
-    if backend == "torch_xla" and "beams" not in _features(tiny):
-        pytest.skip("torch_xla refuses beam search (tested below)")
     reference, model = tiny("llama")
     ids, mask = left_padded(PROMPTS[:2])
     options = dict(
