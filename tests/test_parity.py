@@ -145,6 +145,44 @@ def test_sampling_is_seeded(tiny):
     assert not np.array_equal(first, other)
 
 
+#: What the JAX backend samples from the tiny Llama with spread weights for the left-padded PROMPTS (seed 7,
+#: 12 new tokens), plainly and through processors. Every backend runs the same counter-based sampler
+#: (:mod:`hfax.generation.search`) on the same logits, so every backend must sample exactly these.
+SEED_7_TOKENS = {
+    "plain": [
+        [54, 98, 109, 85, 119, 79, 52, 8, 65, 47, 89, 126],
+        [83, 109, 108, 110, 76, 95, 10, 67, 115, 95, 100, 49],
+        [118, 56, 56, 85, 56, 55, 11, 124, 73, 105, 88, 61],
+    ],
+    "processed": [
+        [69, 112, 49, 102, 45, 79, 19, 95, 49, 84, 29, 126],
+        [95, 60, 112, 120, 109, 69, 76, 5, 43, 33, 45, 9],
+        [119, 56, 56, 88, 9, 65, 105, 124, 73, 126, 80, 43],
+    ],
+}
+PROCESSED = dict(top_k=5, top_p=0.9, temperature=0.7, repetition_penalty=1.3)
+
+
+@pytest.fixture(scope="module")
+def spread_llama(backend, tmp_path_factory):
+    import hfax
+    from hfax.testing import save_tiny, tiny_config
+
+    directory = tmp_path_factory.mktemp("llama-spread")
+    save_tiny(tiny_config("llama"), directory, spread=True)
+    return hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend=backend)
+
+
+@pytest.mark.parametrize("case", ["plain", "processed"])
+def test_the_same_seed_samples_the_same_tokens_on_every_backend(spread_llama, case):
+    ids, mask = left_padded(PROMPTS)
+    settings = PROCESSED if case == "processed" else {}
+    out = spread_llama.generate(
+        ids, attention_mask=mask, max_new_tokens=12, do_sample=True, seed=7, **settings
+    )
+    np.testing.assert_array_equal(as_numpy(out)[:, ids.shape[1] :], np.array(SEED_7_TOKENS[case]))
+
+
 def test_top_k_1_and_a_vanishing_top_p_are_greedy(tiny):
     _, _, model = tiny("gemma")
     ids = np.array([PROMPTS[2]])

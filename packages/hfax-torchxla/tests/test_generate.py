@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hfax.backends.torchxla import generation, runtime
+from hfax.backends.torchxla import generation, linear, runtime
 from hfax.testing import (
     as_numpy,
     assert_same_continuation,
@@ -40,6 +40,18 @@ def test_a_32_token_generation_compiles_one_bucket_then_nothing(tiny, name):
     assert model.last_generate_stats.tokens_per_second > 0
 
 
+def test_new_processor_settings_compile_and_trace_nothing(tiny):
+    # The processors' settings are tensors of the step, not Python constants dynamo would guard on.
+    _, _, model = tiny("llama")
+    ids = np.array([PROMPTS[1]])
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, top_p=0.9, seed=1)
+    model.generate(ids, temperature=0.7, repetition_penalty=1.2, top_k=5, **settings)
+    before, traced = runtime.counters(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    model.generate(ids, temperature=1.3, repetition_penalty=1.5, top_k=5, **settings)
+    assert (runtime.counters() - before).compiles == 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
+
+
 @pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
 def test_decoding_runs_no_operation_on_the_cpu(tiny, name):
     _, _, model = tiny(name)
@@ -54,34 +66,32 @@ def test_decoding_runs_no_operation_on_the_cpu(tiny, name):
     assert (runtime.counters() - before).fallbacks == {}
 
 
-def test_in_out_weights_are_copies_held_while_a_batched_long_call_runs(tiny):
+def test_linears_are_patched_at_load_and_read_copies_only_while_held(tiny):
     _, _, model = tiny("llama")
     linears = [m for m in model.module.modules() if type(m) is torch.nn.Linear]
-    assert linears
-    with generation.in_out_weights(
-        model, rows=1, capacity=generation.TRANSPOSE_FROM_STEPS
-    ):  # one row: [out, in]
-        assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
-    with generation.in_out_weights(
-        model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS // 2
-    ):  # a short call
-        assert not any(hasattr(linear, generation.IN_OUT) for linear in linears)
-    with generation.in_out_weights(model, rows=2, capacity=generation.TRANSPOSE_FROM_STEPS):
-        for linear in linears:
-            copy = getattr(linear, generation.IN_OUT)
-            assert linear.forward.__func__ is generation._linear
-            torch.testing.assert_close(copy.cpu(), linear.weight.cpu().t(), rtol=0, atol=0)
-            x = torch.randn(3, linear.in_features).to(copy.device)
+    assert linears and all(
+        m.forward.__func__ is linear.forward for m in linears
+    )  # the patch hook's
+    assert not linear.wanted("CPU", None, rows=1, capacity=linear.TRANSPOSE_FROM_STEPS)  # one row
+    assert not linear.wanted(
+        "CPU", None, rows=2, capacity=linear.TRANSPOSE_FROM_STEPS // 2
+    )  # short
+    assert linear.wanted("CPU", None, rows=2, capacity=linear.TRANSPOSE_FROM_STEPS)
+    copies = linear.copies(model.module)
+    assert set(copies) == set(linears)
+    with linear.held(copies):
+        for module in linears:
+            copy = getattr(module, linear.IN_OUT)
+            torch.testing.assert_close(copy.cpu(), module.weight.cpu().t(), rtol=0, atol=0)
+            x = torch.randn(3, module.in_features).to(copy.device)
             torch.testing.assert_close(
-                linear(x).cpu(), torch.nn.functional.linear(x, linear.weight, linear.bias).cpu()
+                module(x).cpu(), torch.nn.functional.linear(x, module.weight, module.bias).cpu()
             )
             # The forward reads the copy, not the weight: a doubled copy doubles the product.
-            setattr(linear, generation.IN_OUT, 2 * copy)
-            doubled = torch.nn.functional.linear(x, 2 * linear.weight, linear.bias)
-            torch.testing.assert_close(linear(x).cpu(), doubled.cpu())
-    assert not any(
-        hasattr(linear, generation.IN_OUT) for linear in linears
-    )  # held only while the call runs
+            module.__dict__[linear.IN_OUT] = 2 * copy
+            doubled = torch.nn.functional.linear(x, 2 * module.weight, module.bias)
+            torch.testing.assert_close(module(x).cpu(), doubled.cpu())
+    assert not any(hasattr(module, linear.IN_OUT) for module in linears)  # held only within
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +105,10 @@ def spread_llama(tmp_path_factory):
 
 
 def test_a_batched_long_call_chooses_pytorch_tokens_and_compiles_once(spread_llama):
-    # Rows and new tokens enough for the [in, out] copies (in_out_weights): prefill and every step read them.
+    # Rows and new tokens enough for the [in, out] copies (linear.copies): prefill and every step read them.
     ref, model = spread_llama
     ids, mask = left_padded(PROMPTS)
-    new = generation.TRANSPOSE_FROM_STEPS
+    new = linear.TRANSPOSE_FROM_STEPS
     out = model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)
     np.testing.assert_array_equal(
         as_numpy(out), reference_generate(ref, ids, mask, max_new_tokens=new, min_new_tokens=new)
@@ -109,10 +119,7 @@ def test_a_batched_long_call_chooses_pytorch_tokens_and_compiles_once(spread_lla
     )  # the same bucket, new copies
     assert (runtime.counters() - before).compiles == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
-    mlp = model.module.model.layers[0].mlp
-    assert mlp.gate_proj.forward.__func__ is generation._linear and not hasattr(
-        mlp.gate_proj, generation.IN_OUT
-    )
+    assert not hasattr(model.module.model.layers[0].mlp.gate_proj, linear.IN_OUT)
 
 
 def test_bfloat16_copies_are_float32_and_change_no_token(tmp_path, monkeypatch):
@@ -125,20 +132,17 @@ def test_bfloat16_copies_are_float32_and_change_no_token(tmp_path, monkeypatch):
         str(tmp_path), backend="torch_xla", dtype="bfloat16"
     )
     ids, mask = left_padded(PROMPTS)
-    new = generation.TRANSPOSE_FROM_STEPS
-    with generation.in_out_weights(model, rows=len(PROMPTS), capacity=new):
-        copy = getattr(model.module.model.layers[0].mlp.down_proj, generation.IN_OUT)
-        assert copy.dtype == torch.float32
-        torch.testing.assert_close(
-            copy.cpu(),
-            model.module.model.layers[0].mlp.down_proj.weight.cpu().t().float(),
-            rtol=0,
-            atol=0,
-        )
+    new = linear.TRANSPOSE_FROM_STEPS
+    copy = linear.copies(model.module)[model.module.model.layers[0].mlp.down_proj]
+    assert copy.dtype == torch.float32
+    torch.testing.assert_close(
+        copy.cpu(),
+        model.module.model.layers[0].mlp.down_proj.weight.cpu().t().float(),
+        rtol=0,
+        atol=0,
+    )
     copied = as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new))
-    monkeypatch.setattr(
-        generation, "TRANSPOSE_FROM_STEPS", new + 1
-    )  # the same bucket without copies
+    monkeypatch.setattr(linear, "TRANSPOSE_FROM_STEPS", new + 1)  # the same bucket without copies
     np.testing.assert_array_equal(
         copied, as_numpy(model.generate(ids, mask, max_new_tokens=new, min_new_tokens=new))
     )
@@ -161,9 +165,13 @@ def test_past_the_budget_requests_run_in_a_bucket_that_holds_them(tiny, monkeypa
         model.generate(np.array([PROMPTS[0]] * 3), max_new_tokens=4)  # batch 4: no bucket holds it
 
 
-def test_max_new_tokens_0_returns_the_prompt(tiny):
-    _, _, model = tiny("llama")
-    ids = np.array([PROMPTS[0]])
-    out = model.generate(ids, max_new_tokens=0)
-    assert out.device.type == "xla"
-    np.testing.assert_array_equal(as_numpy(out), ids)
+def test_torch_in_torch_out_on_the_input_device(tiny):
+    _, ref, model = tiny("llama")
+    ids = torch.tensor([PROMPTS[0]])
+    out = model.generate(ids, max_new_tokens=6)
+    assert isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.int64
+    on_xla = model.generate(ids.to(runtime.device()), max_new_tokens=6)
+    assert on_xla.device.type == "xla"
+    expected = reference_generate(ref, ids.numpy(), max_new_tokens=6)
+    assert_same_continuation(expected, out, pad_token_id=0)
+    np.testing.assert_array_equal(as_numpy(on_xla), as_numpy(out))

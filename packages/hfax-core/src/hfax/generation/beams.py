@@ -44,11 +44,11 @@ def start(batch: int, decoding: Any, device: Any) -> dict[str, Any]:
 
 def _gather(tensor: Any, index: Any) -> Any:
     """``tensor[b, index[b, j], ...]`` for ``tensor`` ``[B, K, ...]`` and ``index`` ``[B, J]``."""
+    import torch  # an import statement: dynamo (torch_xla's compiled step) cannot trace __import__
+
     while index.dim() < tensor.dim():
         index = index.unsqueeze(-1)
-    return tensor.gather(
-        1, index.expand(*index.shape[:2], *tensor.shape[2:]).to(__import__("torch").int64)
-    )
+    return tensor.gather(1, index.expand(*index.shape[:2], *tensor.shape[2:]).to(torch.int64))
 
 
 def _write_column(tensor: Any, column: Any, values: Any) -> Any:

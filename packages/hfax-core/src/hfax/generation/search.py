@@ -18,8 +18,15 @@ _MIX_2 = -1028477387  # 0xC2B2AE35
 
 
 def _shift_right(x: Any, bits: int) -> Any:
-    """A logical right shift of int32 ``x`` (``>>`` is arithmetic on signed integers)."""
-    return (x >> bits) & ((1 << (32 - bits)) - 1)
+    """A logical right shift of int32 ``x`` by 1 to 31 ``bits``.
+
+    Only non-negative values go through ``>>``: on negative ones torch_xla 2.9's ``>>`` rounds toward zero
+    (``-5 >> 16`` is 0, not -1), PyTorch and JAX round down. The sign bit is added back where it lands.
+    """
+    import torch
+
+    low = (x & 0x7FFFFFFF) >> bits
+    return low | (x < 0).to(torch.int32) * (1 << (31 - bits))
 
 
 def _mix(x: Any) -> Any:

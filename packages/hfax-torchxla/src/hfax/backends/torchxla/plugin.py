@@ -22,6 +22,17 @@ def hfax_backends() -> list[BackendSpec]:
 
 
 @hookimpl
+def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
+    """Every plain ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight while ``generate`` holds
+    one (see :mod:`hfax.backends.torchxla.linear`)."""
+    if backend != NAME:
+        return
+    from hfax.backends.torchxla import linear
+
+    linear.patch(model, patcher)
+
+
+@hookimpl
 def hfax_plan_layout(model: Any, plan: Any, mesh: Any, backend: str) -> Any:
     """What ``hfax_shard_weights`` will put on each device, from shapes alone."""
     if backend != NAME:
