@@ -21,22 +21,6 @@ pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is install
 PROMPTS = [[1, 5, 9, 23, 7, 3], [1, 4, 8], [1, 6, 100, 12, 7]]
 
 
-def gemma3_config() -> transformers.Gemma3TextConfig:
-    return transformers.Gemma3TextConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        vocab_size=128,
-        max_position_embeddings=256,
-        sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"],
-        **TINY_SPECIAL,
-    )
-
-
 def bart_config() -> transformers.BartConfig:
     return transformers.BartConfig(
         vocab_size=128,
@@ -56,7 +40,7 @@ def bart_config() -> transformers.BartConfig:
 
 CONFIGS = {
     "llama": lambda: tiny_config("llama"),
-    "gemma3": gemma3_config,
+    "gemma3": lambda: tiny_config("gemma3"),
     "gpt2": lambda: tiny_config("gpt2"),
 }
 
