@@ -38,7 +38,12 @@ def check_ids(name: str, value: Any, vocab_size: int | None) -> None:
             f"{type(value).__name__}; wrap it, e.g. np.array([ids]), or use the tokenizer's "
             "return_tensors='np' / 'pt'"
         )
-    ids = host_array(value)
+    try:
+        ids = host_array(value)
+    except Exception:  # noqa: BLE001 - a value traced by the caller's jax.jit / vmap / grad
+        # Its values are unknown while tracing: its type and shape are checked, its range cannot be.
+        ids = np.zeros(tuple(value.shape), np.dtype(value.dtype))
+        vocab_size = None
     if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(
             f"{name} must hold integer token ids, got dtype {ids.dtype}; pass the ids the tokenizer made"
