@@ -48,7 +48,12 @@ class Trainer:
         self.optimizer = nnx.Optimizer(module, tx, wrt=wrt)
         self.wrt = wrt
         self.accumulate = accumulate
-        self.graphdef, self.state = nnx.split((module, self.optimizer))
+        self.graphdef, state = nnx.split((module, self.optimizer))
+        # Committed where they are: the optimizer's fresh scalars are not, the step's outputs are, and
+        # a program's cache key includes that, so the second step would compile again.
+        self.state = jax.tree.map(
+            lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, state
+        )
         self._step = jax.jit(self._train_step, donate_argnums=0)
 
     def step(self, batch: dict[str, Any]) -> jax.Array:
