@@ -10,6 +10,7 @@ are split over the ``data`` and ``fsdp`` axes; GSPMD inserts the collectives.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -49,11 +50,9 @@ class Trainer:
         self.wrt = wrt
         self.accumulate = accumulate
         self.graphdef, state = nnx.split((module, self.optimizer))
-        # Committed where they are: the optimizer's fresh scalars are not, the step's outputs are, and
-        # a program's cache key includes that, so the second step would compile again.
-        self.state = jax.tree.map(
-            lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, state
-        )
+        # Committed: the optimizer's fresh scalars are not, the step's outputs are, and a program's
+        # cache key includes that, so the second step would compile again.
+        self.state = jax.tree.map(functools.partial(_committed, module.model.mesh), state)
         self._step = jax.jit(self._train_step, donate_argnums=0)
 
     def step(self, batch: dict[str, Any]) -> jax.Array:
@@ -100,3 +99,12 @@ class Trainer:
 def scored_tokens(labels: jax.Array) -> jax.Array:
     """How many tokens a causal LM loss averages over: labels after the first column, not ignored."""
     return jnp.sum(labels[:, 1:] != IGNORE).astype(jnp.float32)
+
+
+def _committed(mesh: Any, value: Any) -> Any:
+    """``value`` committed to its devices; on a mesh, a value on one device whole on every device."""
+    if not isinstance(value, jax.Array):
+        return value
+    if mesh is not None and len(value.sharding.device_set) == 1 and mesh.size > 1:
+        return jax.device_put(value, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    return jax.device_put(value, value.sharding)
