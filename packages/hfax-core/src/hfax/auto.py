@@ -282,7 +282,14 @@ def _stream(
     hf_kwargs: dict[str, Any],
 ) -> Any:
     """The model with its weights read from the checkpoint straight onto the devices, or ``None`` where
-    transformers must load it (the reason is logged): see ``hfax.checkpoints``."""
+    transformers must load it (the reason is logged): see ``hfax.checkpoints``.
+
+    Only models of a family plugin stream: transformers' own loading re-initializes some weights of
+    other models after reading them (DiffLlama's ``lambda_*``), and hfax must hold what transformers
+    would (the coverage sweep found it); a family vouches for its models' loading."""
+    if family == plugins.GENERIC_FAMILY:
+        logger.info("hfax: weights load through transformers: %s has no family plugin", family)
+        return None
     try:
         checkpoint = checkpoints.find_checkpoint(name_or_path, model, hf_kwargs)
         checkpoints.compute_buffers(model)
