@@ -16,18 +16,24 @@ pytestmark = pytest.mark.skipif("jax" not in backends(), reason="needs the JAX b
 CHILD = r"""
 import sys, time, numpy as np, transformers, hfax
 from hfax.testing import save_tiny
-config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-    num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=8192)
+config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=6,
+    num_attention_heads=8, num_key_value_heads=2, vocab_size=256, max_position_embeddings=16384)
 save_tiny(config, sys.argv[1])
 model = hfax.AutoModelForCausalLM.from_pretrained(sys.argv[1], backend="jax")
 prompt = np.array([[1, 2, 3, 4]])
-model.generate(prompt, max_new_tokens=4000, min_new_tokens=4000, eos_token_id=None)  # compile the loop
+def run(n):
+    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, eos_token_id=None)
+run(256)  # compile a short loop, then time it
 started = time.perf_counter()
-model.generate(prompt, max_new_tokens=256, min_new_tokens=256, eos_token_id=None)
-print("seconds-per-token", (time.perf_counter() - started) / 256, flush=True)
+run(256)
+seconds_per_token = (time.perf_counter() - started) / 256
+# A call long enough to interrupt on any machine (about 12 s), compiled and run once first.
+new = int(min(16000, max(2000, 12 / seconds_per_token)))
+run(new)
+print("uninterrupted", new * seconds_per_token, flush=True)
 print("ready", flush=True)
 try:
-    model.generate(prompt, max_new_tokens=4000, min_new_tokens=4000, eos_token_id=None)
+    run(new)
     print("finished", flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
@@ -43,13 +49,12 @@ def test_ctrl_c_interrupts_a_long_generate(tmp_path):
         env={**__import__("os").environ, "HFAX_CACHE": str(tmp_path / "cache")},
     )
     try:
-        seconds_per_token = None
+        uninterrupted = None
         for line in child.stdout:
-            if line.startswith("seconds-per-token"):
-                seconds_per_token = float(line.split()[1])
+            if line.startswith("uninterrupted"):
+                uninterrupted = float(line.split()[1])
             if line.strip() == "ready":
                 break
-        uninterrupted = 4000 * seconds_per_token
         assert uninterrupted > 6, f"the long call would take only {uninterrupted:.1f} s: no test"
         time.sleep(1.0)  # the decode loop is running
         sent = time.perf_counter()
