@@ -23,14 +23,18 @@ model = hfax.AutoModelForCausalLM.from_pretrained(sys.argv[1], backend="jax")
 prompt = np.array([[1, 2, 3, 4]])
 def run(n):
     return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, eos_token_id=None)
-run(256)  # compile a short loop, then time it
-started = time.perf_counter()
-run(256)
-seconds_per_token = (time.perf_counter() - started) / 256
-# A call long enough to interrupt on any machine (about 12 s), compiled and run once first.
-new = int(min(16000, max(2000, 12 / seconds_per_token)))
-run(new)
-print("uninterrupted", new * seconds_per_token, flush=True)
+# A call long enough to interrupt on any machine: double its length (compiled and timed each
+# time) until a whole call takes 8 s.
+new = 2048
+while True:
+    run(new)
+    started = time.perf_counter()
+    run(new)
+    took = time.perf_counter() - started
+    if took > 8 or new >= 16000:
+        break
+    new = min(16000, new * 2)
+print("uninterrupted", took, flush=True)
 print("ready", flush=True)
 try:
     run(new)
