@@ -111,7 +111,7 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
     )
-    return Plan(ids, mask, source, decoding, tokens.host_arrays(request, request.rows), positions)
+    return Plan(ids, mask, source, decoding, tokens.host_arrays(request), positions)
 
 
 def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = None, *,

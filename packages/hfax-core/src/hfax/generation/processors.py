@@ -234,12 +234,6 @@ def _last_tokens(history: History, count: int) -> Any:
     return torch.where(valid, tokens, torch.full_like(tokens, -1))
 
 
-def _neg_inf(scores: Any) -> Any:
-    import torch
-
-    return torch.full_like(scores, -float("inf"))
-
-
 def _min_length_twin(scores: Any, a: dict[str, Any], shape: tuple, history: History) -> Any:
     eos = token_mask(a["eos"], scores.shape[-1])
     return scores.masked_fill(eos[None] & (history.length < a["min_length"]), -float("inf"))

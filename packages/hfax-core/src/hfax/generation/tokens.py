@@ -20,9 +20,6 @@ import numpy as np
 
 from hfax.generation import beams, processors, search
 
-#: Processors that read the tokens so far (the rest read only the scores and the length).
-HISTORY_KINDS = {"repetition_penalty", "no_repeat_ngram", "sequence_bias"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Decoding:
@@ -42,12 +39,8 @@ class Decoding:
     early_stopping: bool | str = False
     beams_to_keep: int = 0
 
-    @property
-    def history(self) -> bool:
-        return any(kind in HISTORY_KINDS for kind, _ in self.steps)
 
-
-def host_arrays(request: Any, rows: int) -> dict[str, Any]:
+def host_arrays(request: Any) -> dict[str, Any]:
     """The traced settings of a request (numpy): the processors' arrays, EOS, filler, seed, widths."""
     return {
         "steps": [step.arrays for step in request.steps],
