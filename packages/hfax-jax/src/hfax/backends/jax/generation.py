@@ -447,8 +447,10 @@ def _wait(tree: Any) -> None:
     """Wait for the device in short sleeps, so that Ctrl-C reaches Python within a fraction of a second
     (a blocking read would hold it until the whole decode loop ended)."""
     leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    pause = 0.0002  # short at first: a short program's result is read without a whole pause's delay
     while not all(leaf.is_ready() for leaf in leaves):
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
 
 
 def _static(model: Any, plan: driver.Plan) -> Static:
