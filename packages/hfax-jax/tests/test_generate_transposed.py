@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import hfax
-from hfax.backends.jax import generation, layouts
+from hfax.backends.jax import decode_layout, generation
 from hfax.testing import left_padded, reference_generate, save_tiny
 
 PROMPTS = [[1, 17, 300, 42, 9, 77, 5], [1, 250, 3, 88]]
-NEW = layouts.TRANSPOSE_FROM_STEPS
+NEW = decode_layout.TRANSPOSE_FROM_STEPS
 PROJECTIONS = [
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -66,21 +66,23 @@ def test_which_loops_transpose_which_weights(untied, tmp_path):
     expected = {f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS} | {
         "lm_head.weight"
     }
-    assert layouts.transposed_weights(model, rows=2, steps=loop) == expected
+    assert decode_layout.transposed_weights(model, rows=2, steps=loop) == expected
     assert (
-        layouts.transposed_weights(model, rows=1, steps=loop) == frozenset()
+        decode_layout.transposed_weights(model, rows=1, steps=loop) == frozenset()
     )  # matrix-vector: as it is
     short = steps(model, PROMPTS, NEW // 2)
     assert (
-        layouts.transposed_weights(model, rows=2, steps=short) == frozenset()
+        decode_layout.transposed_weights(model, rows=2, steps=short) == frozenset()
     )  # the copy would not pay
     # Tied: the table serves the embedding (rows gathered) and the output layer; it keeps its layout.
     _, tied = llama(tmp_path / "tied", tied=True)
-    assert layouts.transposed_weights(tied, rows=2, steps=loop) == expected - {"lm_head.weight"}
+    assert decode_layout.transposed_weights(tied, rows=2, steps=loop) == expected - {
+        "lm_head.weight"
+    }
     # 16-bit weights: from eight rows (two and four measured no faster).
     _, half = llama(tmp_path / "bf16", tied=False, dtype="bfloat16")
-    assert layouts.transposed_weights(half, rows=4, steps=loop) == frozenset()
-    assert layouts.transposed_weights(half, rows=8, steps=loop) == expected
+    assert decode_layout.transposed_weights(half, rows=4, steps=loop) == frozenset()
+    assert decode_layout.transposed_weights(half, rows=8, steps=loop) == expected
 
 
 def test_decode_loop_multiplies_by_the_transposed_copy(untied):

@@ -28,7 +28,7 @@ import torch
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
-from hfax.backends.jax import layouts, lowerings, mesh, monitor, pytrees
+from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
 from hfax.generation.shapes import accepts
@@ -67,7 +67,7 @@ def _step(
     at: Any = None,
     masked: bool = True,
     *,
-    layout: layouts.DecodeLayout,
+    layout: decode_layout.DecodeLayout,
 ) -> Any:
     """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
 
@@ -76,7 +76,7 @@ def _step(
     encoder-decoder decodes ``ids`` against ``source``: the encoder's input ``{"ids", "mask"}`` on the first
     step, which runs the encoder, its output ``{"encoded", "mask"}`` after. A model without a cache reads
     all of ``ids`` and gives the logits at position ``at``. ``params`` are held as ``layout`` says
-    (:mod:`~hfax.backends.jax.layouts`): its transposed weights are given to the model as the ``[out, in]``
+    (:mod:`~hfax.backends.jax.decode_layout`): its transposed weights are given to the model as the ``[out, in]``
     it expects.
     Returns the last (or ``at``) position's logits, the cache states and the encoder's output (``None``
     without an encoder).
@@ -250,7 +250,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
 
 
 def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
-           layout: layouts.DecodeLayout) -> dict[str, Any]:  # fmt: skip
+           layout: decode_layout.DecodeLayout) -> dict[str, Any]:  # fmt: skip
     """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that holds the
     weights as ``layout`` says."""
     decoding = static.decoding
@@ -310,8 +310,8 @@ def decode_program(
     return decode(model, static, params, state, limit, arrays, layout)
 
 
-def _layout(model: Any, static: Static, rows: int, steps: int) -> layouts.DecodeLayout:
-    return layouts.choose(
+def _layout(model: Any, static: Static, rows: int, steps: int) -> decode_layout.DecodeLayout:
+    return decode_layout.choose(
         model,
         layer_types=static.layer_types,
         encoder_decoder=static.encoder_decoder,
