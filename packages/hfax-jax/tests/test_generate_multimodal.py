@@ -1,0 +1,219 @@
+"""generate with images and audio: a processor's output goes in as it is, the image or audio encoder runs once in
+prefill, and the tokens are transformers' own (LLaVA, Qwen2-VL, Gemma 3, Whisper)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hfax
+from hfax.testing import save_tiny
+
+NEW_TOKENS = 8
+IMAGE_TOKEN = 3
+TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+
+
+def llava() -> Any:
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        image_size=16, patch_size=4, projection_dim=32,
+    )  # fmt: skip
+    return transformers.LlavaConfig(
+        vision_config=vision, text_config=transformers.LlamaConfig(**TEXT),
+        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=-1,
+    )  # fmt: skip
+
+
+def qwen2_vl() -> Any:
+    rope = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}
+    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, in_chans=3)  # fmt: skip
+    return transformers.Qwen2VLConfig(
+        text_config=dict(**TEXT, rope_parameters=rope), vision_config=vision,
+        image_token_id=IMAGE_TOKEN, video_token_id=4, vision_start_token_id=5, vision_end_token_id=6,
+    )  # fmt: skip
+
+
+def gemma3() -> Any:
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        image_size=16, patch_size=4,
+    )  # fmt: skip
+    text = transformers.Gemma3TextConfig(
+        **{**TEXT, "num_key_value_heads": 1}, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    return transformers.Gemma3Config(
+        vision_config=vision, text_config=text, mm_tokens_per_image=4,
+        image_token_index=IMAGE_TOKEN, boi_token_index=4, eoi_token_index=5,
+    )  # fmt: skip
+
+
+def whisper() -> Any:
+    return transformers.WhisperConfig(
+        vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=1, suppress_tokens=[], begin_suppress_tokens=[],
+    )  # fmt: skip
+
+
+#: name -> (config, auto class, image tokens per image)
+MODELS = {
+    "llava": (llava, "AutoModelForImageTextToText", 16),
+    "qwen2_vl": (qwen2_vl, "AutoModelForImageTextToText", 4),
+    "gemma3": (gemma3, "AutoModelForImageTextToText", 4),
+    "whisper": (whisper, "AutoModelForSpeechSeq2Seq", 0),
+}
+
+
+def processed(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]:
+    """What the model's processor returns for ``batch`` prompts with one image each (or audio clips):
+    image tokens expanded in ``input_ids``, left padding, and the model's own extra inputs."""
+    rng = np.random.default_rng(seed)
+    if name == "whisper":
+        return {"input_features": rng.standard_normal((batch, 8, 32)).astype(np.float32)}
+    count = MODELS[name][2]
+    rows = [[1, 7, *[IMAGE_TOKEN] * count, 9, 10], [1, *[IMAGE_TOKEN] * count, 11, 12, 13, 14]]
+    rows = rows[:batch]
+    width = max(map(len, rows))
+    ids, mask = np.zeros((batch, width), np.int64), np.zeros((batch, width), np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens) :], mask[row, width - len(tokens) :] = tokens, 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if (
+        name == "qwen2_vl"
+    ):  # 16 patches of 3 x 2 x 4 x 4 values per image, merged 2 x 2 into 4 tokens
+        inputs["pixel_values"] = rng.standard_normal((batch * 16, 96)).astype(np.float32)
+        inputs["image_grid_thw"] = np.array([[1, 4, 4]] * batch)
+        inputs["mm_token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
+    else:
+        inputs["pixel_values"] = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+    if name == "gemma3":
+        inputs["token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
+    return inputs
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
+    config, auto_class, _ = MODELS[request.param]
+    directory = tmp_path_factory.mktemp(request.param)
+    reference = save_tiny(config(), directory, auto_class, spread=True)
+    return (
+        request.param,
+        reference,
+        hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax"),
+    )
+
+
+def reference_generate(reference: Any, inputs: dict[str, np.ndarray], **options: Any) -> np.ndarray:
+    with torch.no_grad():
+        tensors = {name: torch.as_tensor(value) for name, value in inputs.items()}
+        return reference.generate(**tensors, do_sample=False, **options).numpy()
+
+
+def test_greedy_matches_transformers(models):
+    name, reference, model = models
+    inputs = processed(name)
+    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(model.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_torch_inputs_give_torch_tokens(models):
+    name, reference, model = models
+    inputs = {key: torch.as_tensor(value) for key, value in processed(name, seed=1).items()}
+    actual = model.generate(**inputs, max_new_tokens=4)
+    assert isinstance(actual, torch.Tensor)
+    np.testing.assert_array_equal(
+        actual.numpy(), reference_generate(reference, processed(name, seed=1), max_new_tokens=4)
+    )
+
+
+def test_a_new_image_of_the_same_size_compiles_nothing(models):
+    name, reference, model = models
+    model.generate(**processed(name, seed=2), max_new_tokens=NEW_TOKENS)
+    other = processed(name, seed=3)
+    actual = np.asarray(model.generate(**other, max_new_tokens=NEW_TOKENS))
+    assert model.last_generate_stats.compiles == 0
+    np.testing.assert_array_equal(
+        actual, reference_generate(reference, other, max_new_tokens=NEW_TOKENS)
+    )
+
+
+def test_one_prompt_alone_gives_its_row_of_the_batch(models):
+    name, reference, model = models
+    alone = processed(name, seed=4, batch=1)
+    expected = reference_generate(reference, alone, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(model.generate(**alone, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_gemma3_image_tokens_see_each_other():
+    """Without its image blocks in the mask (``token_type_ids``), Gemma 3 gives other tokens: the parity
+    above covers them."""
+    config, auto_class, _ = MODELS["gemma3"]
+    torch.manual_seed(0)
+    model = getattr(transformers, auto_class).from_config(config()).eval()
+    inputs = {name: torch.as_tensor(value) for name, value in processed("gemma3").items()}
+    with torch.no_grad():
+        with_blocks = model(**inputs).logits
+        inputs.pop("token_type_ids")
+        without = model(**inputs).logits
+    assert (with_blocks - without).abs().max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    directory = tmp_path_factory.mktemp("whisper-multilingual")
+    reference = save_tiny(whisper(), directory, "AutoModelForSpeechSeq2Seq", spread=True)
+    generation = reference.generation_config
+    generation.lang_to_id = {"<|en|>": 20, "<|fr|>": 21}
+    generation.task_to_id = {"transcribe": 22, "translate": 23}
+    generation.no_timestamps_token_id = 24
+    generation.is_multilingual = True
+    generation._from_model_config = False  # else loading builds it again from the model's config
+    generation.save_pretrained(directory)
+    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+
+
+@pytest.mark.parametrize("language, task", [("en", "transcribe"), ("fr", "translate")])
+def test_whisper_language_and_task_tokens(multilingual_whisper, language, task):
+    reference, model = multilingual_whisper
+    inputs = processed("whisper", seed=5)
+    options = dict(language=language, task=task, max_new_tokens=6)
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+    full = model.generate(**inputs, **options, return_dict_in_generate=True).sequences
+    prompt = [1, 20 if language == "en" else 21, 22 if task == "transcribe" else 23, 24]
+    assert np.asarray(full)[:, :4].tolist() == [prompt, prompt]
+
+
+def test_whisper_refusals_name_the_fix(multilingual_whisper):
+    _, model = multilingual_whisper
+    inputs = processed("whisper")
+    compiles = hfax.backends.jax.monitor.snapshot().compiles
+    with pytest.raises(NotImplementedError, match="return_timestamps"):
+        model.generate(**inputs, language="en", return_timestamps=True)
+    with pytest.raises(NotImplementedError, match="language="):
+        model.generate(**inputs)
+    with pytest.raises(ValueError, match="Long-form"):
+        model.generate(input_features=np.zeros((1, 8, 64), np.float32), language="en")
+    with pytest.raises(NotImplementedError, match="prompt_ids"):
+        model.generate(**inputs, language="en", prompt_ids=np.array([5]))
+    assert hfax.backends.jax.monitor.snapshot().compiles == compiles
+
+
+def test_inputs_the_model_does_not_take_are_named(models):
+    name, _, model = models
+    with pytest.raises(TypeError, match="pixel_valeus"):
+        model.generate(**processed(name), pixel_valeus=np.zeros(3), max_new_tokens=2)
