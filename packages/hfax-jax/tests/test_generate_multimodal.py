@@ -80,8 +80,10 @@ def processed(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]
     rng = np.random.default_rng(seed)
     if name == "whisper":
         return {"input_features": rng.standard_normal((batch, 8, 32)).astype(np.float32)}
-    count = MODELS[name][2]
-    rows = [[1, 7, *[IMAGE_TOKEN] * count, 9, 10], [1, *[IMAGE_TOKEN] * count, 11, 12, 13, 14]]
+    image = [IMAGE_TOKEN] * MODELS[name][2]
+    if name == "qwen2_vl":  # between its vision start and end tokens, as its processor writes them
+        image = [5, *image, 6]
+    rows = [[1, 7, *image, 9, 10], [1, *image, 11, 12, 13, 14]]
     rows = rows[:batch]
     width = max(map(len, rows))
     ids, mask = np.zeros((batch, width), np.int64), np.zeros((batch, width), np.int64)
@@ -101,16 +103,16 @@ def processed(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]
     return inputs
 
 
+DIRECTORIES: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
     config, auto_class, _ = MODELS[request.param]
-    directory = tmp_path_factory.mktemp(request.param)
+    directory = DIRECTORIES[request.param] = tmp_path_factory.mktemp(request.param)
     reference = save_tiny(config(), directory, auto_class, spread=True)
-    return (
-        request.param,
-        reference,
-        hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax"),
-    )
+    model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+    return request.param, reference, model
 
 
 def reference_generate(reference: Any, inputs: dict[str, np.ndarray], **options: Any) -> np.ndarray:
@@ -155,6 +157,29 @@ def test_one_prompt_alone_gives_its_row_of_the_batch(models):
     expected = reference_generate(reference, alone, max_new_tokens=NEW_TOKENS)
     np.testing.assert_array_equal(
         np.asarray(model.generate(**alone, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_beam_search_repeats_one_image_per_prompt(models):
+    name, reference, model = models
+    inputs, options = processed(name, seed=6), dict(max_new_tokens=6, num_beams=2)
+    if name == "qwen2_vl":  # its pixel_values hold patches, not one image per prompt
+        with pytest.raises(NotImplementedError, match="pixel_values has 32 for 2 prompts"):
+            model.generate(**inputs, **options)
+        return
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+
+
+def test_sharded_over_eight_devices_gives_the_same_tokens(models):
+    name, reference, _ = models
+    sharded = hfax.AutoModelForTPU.from_pretrained(
+        str(DIRECTORIES[name]), backend="jax", mesh=hfax.make_mesh(data=2, model=4)
+    )
+    inputs = processed(name, seed=7)
+    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(sharded.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
     )
 
 

@@ -10,8 +10,7 @@ methods do them here:
   (start, language and task tokens) from transformers' Whisper generation methods;
 * a model with multimodal rotary positions (Qwen2-VL's ``get_rope_index``) gets its prompt's positions and
   each row's offset for the tokens after it computed on the host;
-* ``num_beams`` / ``num_return_sequences`` repeat the inputs with the model's own
-  ``_expand_inputs_for_generation`` (Qwen2-VL's knows its images are not one per row).
+* ``num_beams`` / ``num_return_sequences`` repeat the inputs that have one entry per prompt.
 """
 
 from __future__ import annotations
@@ -91,25 +90,18 @@ def host_array(name: str, value: Any) -> np.ndarray:
     return array.astype(np.int64) if np.issubdtype(array.dtype, np.integer) else array
 
 
-def expand(
-    module: Any, ids: np.ndarray, inputs: dict[str, np.ndarray], size: int, encoder_decoder: bool
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``ids`` and ``inputs`` for ``size`` rows per row (beams, returned sequences), as transformers repeats
-    them for this model."""
-    import torch
-
-    if size == 1:
-        return ids, inputs
-    tensors = {
-        name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in inputs.items()
-    }
-    ids_tensor, expanded = module._expand_inputs_for_generation(
-        expand_size=size,
-        is_encoder_decoder=encoder_decoder,
-        input_ids=torch.from_numpy(ids),
-        **tensors,
-    )
-    return ids_tensor.numpy(), {name: expanded[name].numpy() for name in inputs}
+def expand(inputs: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np.ndarray]:
+    """``inputs`` for ``size`` rows per row (beams, returned sequences): each input with one entry per row
+    repeats it. An input of another length (Qwen2-VL's image patches, several images per prompt) would need
+    its entries grouped by prompt, which transformers does on the encoder's output: it is refused."""
+    for name, value in inputs.items():
+        if value.shape[0] != batch:
+            raise NotImplementedError(
+                f"hfax's generate repeats model inputs for num_beams / num_return_sequences only when they "
+                f"have one entry per prompt; {name} has {value.shape[0]} for {batch} prompts. Use "
+                "num_beams=1 and num_return_sequences=1, or call generate once per prompt and image"
+            )
+    return {name: np.repeat(value, size, axis=0) for name, value in inputs.items()}
 
 
 def row_aligned(inputs: dict[str, np.ndarray], shape: tuple[int, ...]) -> set[str]:

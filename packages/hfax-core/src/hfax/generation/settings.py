@@ -349,7 +349,7 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         if source is not None:
             source = {name: np.repeat(value, expand, axis=0) for name, value in source.items()}
         elif extra:
-            _, extra = model_inputs.expand(module, ids, extra, expand, False)
+            extra = model_inputs.expand(extra, batch, expand)
         ids, mask = np.repeat(ids, expand, axis=0), np.repeat(mask, expand, axis=0)
     return Request(
         ids=ids,
