@@ -11,106 +11,20 @@ import torch
 import transformers
 
 import hfax
-from hfax.testing import save_tiny
+from hfax.testing import MULTIMODAL, save_tiny, tiny_multimodal_config
+from hfax.testing import multimodal_inputs as processed
 
 NEW_TOKENS = 8
-IMAGE_TOKEN = 3
-TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
-
-
-def llava() -> Any:
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        image_size=16, patch_size=4, projection_dim=32,
-    )  # fmt: skip
-    return transformers.LlavaConfig(
-        vision_config=vision, text_config=transformers.LlamaConfig(**TEXT),
-        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=-1,
-    )  # fmt: skip
-
-
-def qwen2_vl() -> Any:
-    rope = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}
-    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=4,
-                  spatial_merge_size=2, temporal_patch_size=2, in_chans=3)  # fmt: skip
-    return transformers.Qwen2VLConfig(
-        text_config=dict(**TEXT, rope_parameters=rope), vision_config=vision,
-        image_token_id=IMAGE_TOKEN, video_token_id=4, vision_start_token_id=5, vision_end_token_id=6,
-    )  # fmt: skip
-
-
-def gemma3() -> Any:
-    vision = transformers.SiglipVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        image_size=16, patch_size=4,
-    )  # fmt: skip
-    text = transformers.Gemma3TextConfig(
-        **{**TEXT, "num_key_value_heads": 1}, head_dim=8, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
-    return transformers.Gemma3Config(
-        vision_config=vision, text_config=text, mm_tokens_per_image=4,
-        image_token_index=IMAGE_TOKEN, boi_token_index=4, eoi_token_index=5,
-    )  # fmt: skip
-
-
-def whisper() -> Any:
-    return transformers.WhisperConfig(
-        vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
-        max_source_positions=16, max_target_positions=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=1, suppress_tokens=[], begin_suppress_tokens=[],
-    )  # fmt: skip
-
-
-#: name -> (config, auto class, image tokens per image)
-MODELS = {
-    "llava": (llava, "AutoModelForImageTextToText", 16),
-    "qwen2_vl": (qwen2_vl, "AutoModelForImageTextToText", 4),
-    "gemma3": (gemma3, "AutoModelForImageTextToText", 4),
-    "whisper": (whisper, "AutoModelForSpeechSeq2Seq", 0),
-}
-
-
-def processed(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]:
-    """What the model's processor returns for ``batch`` prompts with one image each (or audio clips):
-    image tokens expanded in ``input_ids``, left padding, and the model's own extra inputs."""
-    rng = np.random.default_rng(seed)
-    if name == "whisper":
-        return {"input_features": rng.standard_normal((batch, 8, 32)).astype(np.float32)}
-    image = [IMAGE_TOKEN] * MODELS[name][2]
-    if name == "qwen2_vl":  # between its vision start and end tokens, as its processor writes them
-        image = [5, *image, 6]
-    rows = [[1, 7, *image, 9, 10], [1, *image, 11, 12, 13, 14]]
-    rows = rows[:batch]
-    width = max(map(len, rows))
-    ids, mask = np.zeros((batch, width), np.int64), np.zeros((batch, width), np.int64)
-    for row, tokens in enumerate(rows):
-        ids[row, width - len(tokens) :], mask[row, width - len(tokens) :] = tokens, 1
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if (
-        name == "qwen2_vl"
-    ):  # 16 patches of 3 x 2 x 4 x 4 values per image, merged 2 x 2 into 4 tokens
-        inputs["pixel_values"] = rng.standard_normal((batch * 16, 96)).astype(np.float32)
-        inputs["image_grid_thw"] = np.array([[1, 4, 4]] * batch)
-        inputs["mm_token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
-    else:
-        inputs["pixel_values"] = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
-    if name == "gemma3":
-        inputs["token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
-    return inputs
 
 
 DIRECTORIES: dict[str, Any] = {}
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+@pytest.fixture(scope="module", params=sorted(MULTIMODAL))
 def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
-    config, auto_class, _ = MODELS[request.param]
     directory = DIRECTORIES[request.param] = tmp_path_factory.mktemp(request.param)
-    reference = save_tiny(config(), directory, auto_class, spread=True)
+    config = tiny_multimodal_config(request.param)
+    reference = save_tiny(config, directory, MULTIMODAL[request.param], spread=True)
     model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
     return request.param, reference, model
 
@@ -186,9 +100,9 @@ def test_sharded_over_eight_devices_gives_the_same_tokens(models):
 def test_gemma3_image_tokens_see_each_other():
     """Without its image blocks in the mask (``token_type_ids``), Gemma 3 gives other tokens: the parity
     above covers them."""
-    config, auto_class, _ = MODELS["gemma3"]
     torch.manual_seed(0)
-    model = getattr(transformers, auto_class).from_config(config()).eval()
+    config = tiny_multimodal_config("gemma3")
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
     inputs = {name: torch.as_tensor(value) for name, value in processed("gemma3").items()}
     with torch.no_grad():
         with_blocks = model(**inputs).logits
@@ -200,7 +114,9 @@ def test_gemma3_image_tokens_see_each_other():
 @pytest.fixture(scope="module")
 def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     directory = tmp_path_factory.mktemp("whisper-multilingual")
-    reference = save_tiny(whisper(), directory, "AutoModelForSpeechSeq2Seq", spread=True)
+    reference = save_tiny(
+        tiny_multimodal_config("whisper"), directory, "AutoModelForSpeechSeq2Seq", spread=True
+    )
     generation = reference.generation_config
     generation.lang_to_id = {"<|en|>": 20, "<|fr|>": 21}
     generation.task_to_id = {"transcribe": 22, "translate": 23}

@@ -177,7 +177,8 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
     slots = torch.arange(valid.shape[1], device=valid.device)
     keys, queries = slots[None, :], query_slots[:, None]
     causal = keys <= queries
-    if blocks is not None:
+    if blocks is not None:  # numbered over the prompt; slots after it (the new tokens) are in none
+        blocks = torch.nn.functional.pad(blocks, (0, valid.shape[1] - blocks.shape[1]), value=-1)
         query_blocks = blocks[:, query_slots]
         same = (query_blocks[:, :, None] == blocks[:, None, :]) & (query_blocks >= 0)[:, :, None]
         causal = (causal[None] | same)[:, None]  # [batch, 1, q, length]
