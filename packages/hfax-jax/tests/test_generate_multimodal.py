@@ -44,6 +44,21 @@ def test_greedy_matches_transformers(models):
     )
 
 
+def test_forward_matches_transformers(models):
+    """The forward takes the same inputs: logits within 1e-4 (image sizes held as constants)."""
+    name, reference, model = models
+    inputs = processed(name, seed=8)
+    if name == "whisper":
+        inputs["decoder_input_ids"] = np.array([[1, 5, 6], [1, 7, 8]])
+    with torch.no_grad():
+        expected = reference(**{key: torch.as_tensor(value) for key, value in inputs.items()})
+    real = inputs.get("attention_mask", np.ones((2, 3))).astype(
+        bool
+    )  # padding has no defined logits
+    actual = np.asarray(model(**inputs).logits)[real]
+    np.testing.assert_allclose(actual, expected.logits.numpy()[real], atol=1e-4, rtol=0)
+
+
 def test_torch_inputs_give_torch_tokens(models):
     name, reference, model = models
     inputs = {key: torch.as_tensor(value) for key, value in processed(name, seed=1).items()}

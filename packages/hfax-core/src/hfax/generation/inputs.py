@@ -144,6 +144,22 @@ def positions(
     return position_ids.numpy().astype(np.int32), deltas.reshape(-1).numpy().astype(np.int32)
 
 
+def with_positions(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A forward's ``inputs`` with the multimodal positions of :func:`positions` added (host numpy), where
+    the model has them and the caller gave none: the model computes them in Python, which a trace cannot."""
+    if "position_ids" in inputs or "input_ids" not in inputs:
+        return inputs
+    arrays = {
+        name: host_array(name, value)
+        for name, value in inputs.items()
+        if hasattr(value, "shape") and not isinstance(value, (bool, int, float))
+    }
+    ids = arrays["input_ids"]
+    mask = arrays.get("attention_mask", np.ones_like(ids))
+    found = positions(module, ids, mask, arrays)
+    return inputs if found is None else {**inputs, "position_ids": found[0]}
+
+
 def is_whisper(module: Any) -> bool:
     """Whether ``module`` generates the way transformers' Whisper does (a decoder prompt of special tokens)."""
     return callable(getattr(module, "_retrieve_init_tokens", None))

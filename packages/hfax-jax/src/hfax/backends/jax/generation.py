@@ -16,10 +16,8 @@ multi-host mesh reads the same result.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
-import hashlib
 import time
 import warnings
 from typing import Any
@@ -31,41 +29,18 @@ import torch
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
+from hfax.backends.jax import constants as held
 from hfax.backends.jax import lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
 from hfax.generation.shapes import accepts
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Constant:
-    """A prefill input whose values fix shapes (an image's grid, its size in patches): the program reads it
-    as a constant and is keyed by its values, so the same image size compiles once."""
-
-    name: str
-    value: np.ndarray
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.name, self.value.dtype.str, self.value.shape, self.value.tobytes())
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Constant) and self._key() == other._key()
-
-    def __repr__(
-        self,
-    ) -> str:  # whole, as the on-disk program cache keys by it (numpy's repr elides)
-        digest = hashlib.sha256(self.value.tobytes()).hexdigest()[:16]
-        return f"Constant({self.name}, {self.value.dtype}{list(self.value.shape)}, {digest})"
-
-
 @dataclasses.dataclass(frozen=True)
 class Static:
     """Everything about one generate program that fixes its shape or structure (hashable, for ``jax.jit``).
 
-    ``constants`` are the prefill's model inputs read as constants (:class:`Constant`); ``blocks`` says the
+    ``constants`` are the prefill's model inputs read as constants (:class:`~hfax.backends.jax.constants.Constant`); ``blocks`` says the
     prefill's mask lets an image's tokens see each other (from ``token_type_ids``, as Gemma 3's does).
     """
 
@@ -76,7 +51,7 @@ class Static:
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
-    constants: tuple[Constant, ...] = ()
+    constants: tuple[held.Constant, ...] = ()
     blocks: bool = False
 
     @property
@@ -118,14 +93,11 @@ def _step(
     length = valid.shape[1]
     constants = inputs is not None and bool(static.constants)
     if constants:
-        with jax.ensure_compile_time_eval():
-            inputs = {**inputs, **{c.name: jnp.asarray(c.value) for c in static.constants}}
+        inputs = {**inputs, **{constant.name: constant.array() for constant in static.constants}}
     tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource, tinputs = to_tensor(
         (params, ids, positions, valid, query_slots, slot, states, source, inputs)
     )
-    # With constants (an image's grid), what the model computes from them alone is computed while tracing, as
-    # its Python reads them (`grid_thw.tolist()`, sequence lengths); everything else is traced as usual.
-    folding = jax.ensure_compile_time_eval() if constants else contextlib.nullcontext()
+    folding = held.folding(constants)
     with env(), lowerings.row_products(_loop_reads_16_bits(model)), folding:
         tparams = {
             name: value.T if name in transposed else value for name, value in tparams.items()
@@ -472,7 +444,7 @@ class JaxEngine:
     def model_inputs(self, plan: driver.Plan, static: Static) -> dict[str, Any] | None:
         """A decoder-only prefill's other model inputs as device arrays (``None`` without any): those laid
         out like the prompt split as its rows, the rest (images, positions) whole on every device; the
-        :class:`Constant` ones stay out (the program holds them)."""
+        :class:`~hfax.backends.jax.constants.Constant` ones stay out (the program holds them)."""
         if not plan.inputs and plan.offsets is None:
             return None
         constant = {c.name for c in static.constants}
@@ -527,15 +499,12 @@ def _device_dtypes(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _constants(plan: driver.Plan) -> tuple[Constant, ...]:
-    """The prefill inputs whose values fix shapes: integer arrays not laid out like the prompt (an
-    image's grid ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``); positions excepted."""
+def _constants(plan: driver.Plan) -> tuple[held.Constant, ...]:
+    """The prefill inputs whose values fix shapes (:mod:`hfax.backends.jax.constants`)."""
     return tuple(
-        Constant(name, value)
+        held.Constant(name, value)
         for name, value in sorted(plan.inputs.items())
-        if name != "position_ids"
-        and value.shape != plan.ids.shape
-        and (np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_)
+        if held.is_size(name, value, plan.ids.shape)
     )
 
 
