@@ -147,7 +147,13 @@ def positions(
 def with_positions(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """A forward's ``inputs`` with the multimodal positions of :func:`positions` added (host numpy), where
     the model has them and the caller gave none: the model computes them in Python, which a trace cannot."""
-    if "position_ids" in inputs or "input_ids" not in inputs:
+    grids = any(name.endswith("grid_thw") for name in inputs)
+    if (
+        not grids
+        or rope_index(module) is None
+        or "position_ids" in inputs
+        or "input_ids" not in inputs
+    ):
         return inputs
     arrays = {
         name: host_array(name, value)
