@@ -202,7 +202,8 @@ def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) ->
     sent = 0
     while True:
         limit = min(sent + chunk, request.max_new)
-        run = engine.advance(run, limit)
+        if limit > 1:  # `start` chose the first new token: one token needs no decode program
+            run = engine.advance(run, limit)
         state = engine.read(run)
         step = int(state["step"])
         new = state["ids"][:rows, prompt : prompt + step]

@@ -15,7 +15,6 @@ multi-host mesh reads the same result.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -30,7 +29,7 @@ import torch
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import constants as held
-from hfax.backends.jax import lowerings, mesh, monitor, pytrees
+from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
 from hfax.generation.shapes import accepts
@@ -74,8 +73,9 @@ def _step(
     source: Any = None,
     at: Any = None,
     masked: bool = True,
-    transposed: frozenset[str] = frozenset(),
     inputs: Any = None,
+    *,
+    layout: decode_layout.DecodeLayout,
 ) -> Any:
     """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
 
@@ -85,8 +85,9 @@ def _step(
     which runs the encoder, its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. A
     decoder-only prefill passes ``inputs`` (a dict of the model's other inputs, images included) and
     ``static.constants`` to the model as well. A model without a cache reads
-    all of ``ids`` and gives the logits at position ``at``. The ``transposed`` weights of ``params`` are held
-    ``[in, out]`` (see :func:`_transposed_weights`) and given to the model as the ``[out, in]`` it expects.
+    all of ``ids`` and gives the logits at position ``at``. ``params`` are held as ``layout`` says
+    (:mod:`~hfax.backends.jax.decode_layout`): its transposed weights are given to the model as the ``[out, in]``
+    it expects.
     Returns the last (or ``at``) position's logits, the cache states and the encoder's output (``None``
     without an encoder).
     """
@@ -98,9 +99,9 @@ def _step(
         (params, ids, positions, valid, query_slots, slot, states, source, inputs)
     )
     folding = held.folding(constants)
-    with env(), lowerings.row_products(_loop_reads_16_bits(model)), folding:
+    with env(), lowerings.row_products(layout.row_products), folding:
         tparams = {
-            name: value.T if name in transposed else value for name, value in tparams.items()
+            name: value.T if name in layout.transposed else value for name, value in tparams.items()
         }
         blocks = None
         if static.blocks and tinputs is not None:
@@ -136,7 +137,7 @@ def _step(
                     tslot,
                     static.layer_types,
                     tstates,
-                    in_place=_in_place(model, static),
+                    in_place=layout.in_place_cache,
                     dtype=dtype,
                 )
             kwargs = dict(input_ids=tids, attention_mask=tmask)
@@ -172,73 +173,6 @@ def _step(
     ):  # heads over `model`, rows over the batch axes, in prefill and every decode step
         new_states = mesh.constrain(new_states, functools.partial(_state_sharding, model.mesh))
     return logits.astype(jnp.float32), new_states, hidden
-
-
-def _loop_reads_16_bits(model: Any) -> bool:
-    """Whether the decode loop carries the weights and multiplies 16-bit rows as they are (on one CPU device).
-
-    XLA:CPU multiplies 16-bit weights by converting them to float32, and hoists a conversion of loop-invariant
-    weights out of the loop: each step then reads float32. Carried through the loop (past an optimization
-    barrier) the weights are no longer invariant, and with :func:`lowerings.row_products` each step reads
-    them in 16 bits (see there for the numbers; resident memory also drops by the float32 copy).
-    """
-    dtype = model.dtype
-    return (
-        model.platform == "cpu"
-        and model.mesh is None
-        and jnp.issubdtype(dtype, jnp.floating)
-        and jnp.finfo(dtype).bits == 16
-    )
-
-
-#: The fewest decode steps a loop must be able to run for :func:`_transposed_weights` to transpose the weights
-#: (the copy costs about 30 steps' savings on the benchmark Llama).
-TRANSPOSE_FROM_STEPS = 64
-
-
-def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]:
-    """The weights a decode loop of ``static.decoding.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
-
-    On one CPU device, XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's
-    ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without (A/B runs
-    of ``benchmarks/decode.py``; docs/PERFORMANCE.md has a whole run with it): float32 at batch 2, 4 and 8:
-    55-61 / 51, 118-121 / 88-91, 189 / 159 (prompt 32; 159 / 126 at prompt 512); bfloat16 at batch 2: 88-94
-    / 100-108, batch 4: even, batch 8: 272 / 244. ``decode`` transposes a copy of every ``nn.Linear`` weight
-    before its loop, which holds memory for the copy while it runs and costs about 30 steps' savings in
-    time: so for float32 from two rows, for 16-bit weights from eight, and only for loops of
-    :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a matrix-vector product) reads the ``[out, in]``
-    matrix as fast or faster; other platforms and meshes choose their own layouts. A weight tied to another
-    (an embedding that is also the output layer) stays as it is, as its other use wants its own layout.
-    """
-    if (
-        model.platform != "cpu"
-        or model.mesh is not None
-        or static.decoding.capacity < TRANSPOSE_FROM_STEPS
-    ):
-        return frozenset()
-    if rows < (8 if _loop_reads_16_bits(model) else 2):
-        return frozenset()
-    uses = collections.Counter(
-        id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False)
-    )
-    return frozenset(
-        f"{prefix}.weight"
-        for prefix, module in model.module.named_modules()
-        if isinstance(module, torch.nn.Linear)
-        and f"{prefix}.weight" in model.params
-        and uses[id(module.weight)] == 1
-    )
-
-
-def _in_place(model: Any, static: Static) -> bool:
-    """Whether the slot cache updates in place (``cache.SlotCache``): a decoder-only model whose layers are all
-    attention, on one device."""
-    kinds = {kind for kind, _ in static.layer_types or ()}
-    return (
-        model.mesh is None
-        and not static.encoder_decoder
-        and kinds <= set(slot_cache.ATTENTION_TYPES)
-    )
 
 
 class _Encoder(torch.nn.Module):
@@ -316,9 +250,10 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
     # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
     # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
+    layout = _layout(model, static, batch, steps=0)
     logits, states, hidden = _step(
         model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source,
-        inputs=inputs if not static.encoder_decoder else None,
+        inputs=inputs if not static.encoder_decoder else None, layout=layout,
     )  # fmt: skip
     decoding = static.decoding
     chosen = _on_torch(
@@ -328,7 +263,7 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     if static.encoder_decoder:
         states = {**states, "self": slot_cache.grow(states["self"], capacity)}
     else:
-        states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
+        states = slot_cache.grow(states, capacity, in_place=layout.in_place_cache)
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     state = {"tokens": chosen, "states": states, "valid": valid}
@@ -342,9 +277,9 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
 
 
 def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
-           transposed: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
-    """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that reads the
-    ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
+           layout: decode_layout.DecodeLayout) -> dict[str, Any]:  # fmt: skip
+    """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that holds the
+    weights as ``layout`` says."""
     decoding = static.decoding
     prompt_length = decoding.prompt
     seen = jnp.sum(state["valid"][:, :prompt_length], axis=1)
@@ -360,13 +295,13 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
             last = _on_torch(lambda c: tokens.last_tokens(c, decoding), chosen)
             positions = (seen + step - 1 + state.get("offsets", 0))[:, None]
             logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None],
-                                      slot, state.get("source"), masked=static.attends, transposed=transposed)  # fmt: skip
+                                      slot, state.get("source"), masked=static.attends, layout=layout)  # fmt: skip
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
             valid = state["valid"] & (jnp.arange(length) <= slot)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
             logits, states, _ = _step(model, static, params, [], chosen["ids"], positions, valid, jnp.arange(length), 0,
-                                      at=slot, transposed=transposed)  # fmt: skip
+                                      at=slot, layout=layout)  # fmt: skip
         chosen, reorder = _on_torch(
             lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
         )
@@ -374,11 +309,10 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
             states = jax.tree.map(lambda x: jnp.take(x, reorder, axis=0), states)
         return {**state, "states": states, "tokens": chosen}
 
-    if transposed:
-        params = {name: value.T if name in transposed else value for name, value in params.items()}
-    # Weights that travel with the state (past a barrier) are not loop invariants: no conversion of them leaves
-    # the loop, and a transposed copy is not transposed back.
-    if transposed or _loop_reads_16_bits(model):
+    params = {
+        name: value.T if name in layout.transposed else value for name, value in params.items()
+    }
+    if layout.carries_weights:
         state, _ = jax.lax.while_loop(
             lambda loop: unfinished(loop[0]),
             lambda loop: (advance(*loop), jax.lax.optimization_barrier(loop[1])),
@@ -398,9 +332,17 @@ def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source:
 def decode_program(
     model: Any, params: Any, state: Any, limit: Any, arrays: Any, static: Static
 ) -> Any:
-    rows = state["valid"].shape[0]
-    return decode(
-        model, static, params, state, limit, arrays, _transposed_weights(model, static, rows)
+    layout = _layout(model, static, state["valid"].shape[0], static.decoding.capacity)
+    return decode(model, static, params, state, limit, arrays, layout)
+
+
+def _layout(model: Any, static: Static, rows: int, steps: int) -> decode_layout.DecodeLayout:
+    return decode_layout.choose(
+        model,
+        layer_types=static.layer_types,
+        encoder_decoder=static.encoder_decoder,
+        rows=rows,
+        steps=steps,
     )
 
 
@@ -487,8 +429,10 @@ def _wait(tree: Any) -> None:
     """Wait for the device in short sleeps, so that Ctrl-C reaches Python within a fraction of a second
     (a blocking read would hold it until the whole decode loop ended)."""
     leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    pause = 0.0002  # short at first: a short program's result is read without a whole pause's delay
     while not all(leaf.is_ready() for leaf in leaves):
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
 
 
 def _device_dtypes(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

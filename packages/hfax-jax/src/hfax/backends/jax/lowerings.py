@@ -141,10 +141,8 @@ def row_products(enabled: bool = True) -> Iterator[None]:
     goes, where the ``einsum`` form becomes a dot that wants float32 weights: converted on every step, or
     once before the loop if the loop lets it hoist the conversion (a float32 copy of every weight, read
     at float32 cost). With the weights carried through the loop (``generation.decode``), the one-row form
-    reads half the bytes of float32: on the benchmark Llama at batch 1, 79.2 tok/s against 59.9 for float32
-    at prompt 32 and 75.7 against 58.6 at prompt 512 in docs/PERFORMANCE.md's run, and 80 against 54 for
-    the hoisted copy in an A/B run of ``benchmarks/decode.py`` (2-core EPYC). For float32 weights, and with
-    more rows, the ``einsum`` form measured as fast or faster, so it stays.
+    reads half the bytes of float32; for float32 weights, and with more rows, the ``einsum`` form is as
+    fast or faster, so it stays (docs/PERFORMANCE.md, "CPU decode layouts", has the measurements).
     """
     token = _ROW_PRODUCTS.set(enabled)
     try:
