@@ -154,6 +154,18 @@ def test_whisper_language_and_task_tokens(multilingual_whisper, language, task):
     assert np.asarray(full)[:, :4].tolist() == [prompt, prompt]
 
 
+def test_whisper_default_length_and_an_early_eos(multilingual_whisper):
+    """Whisper's own length rule (20 new tokens), and rows cut at their EOS then padded as it pads them."""
+    reference, model = multilingual_whisper
+    inputs = processed("whisper", seed=9)
+    full = reference_generate(reference, inputs, language="en")
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, language="en")), full)
+    assert full.shape[1] == 20
+    options = dict(language="en", eos_token_id=int(full[0, 2]))  # row 0 ends early
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+
+
 def test_whisper_refusals_name_the_fix(multilingual_whisper):
     _, model = multilingual_whisper
     inputs = processed("whisper")

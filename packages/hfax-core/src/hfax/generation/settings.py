@@ -296,6 +296,9 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
             decoder_ids = model_inputs.whisper_prompt(
                 module, config, source["input_features"], whisper
             )
+            has_default["max_length"] = (
+                False  # Whisper's own rule set it (20 new tokens by default)
+            )
             width = decoder_ids.shape[1]
             finish = lambda sequences: model_inputs.whisper_result(sequences, width, eos, filler)  # noqa: E731
         if decoder_ids is None:
