@@ -172,6 +172,16 @@ def _accumulator(dtype: Any) -> Any:
     )
 
 
+def is_all_true(condition: jax.Array) -> jax.Array:
+    """``torch._check_tensor_all``'s test, with which transformers checks traced values (a VLM's image tokens
+    against its image features). A traced condition cannot stop a compiled program, so it reads as true: the
+    check is skipped under ``jit``, as ``TRANSFORMERS_DISABLE_TORCH_CHECK=1`` skips it in PyTorch."""
+    if isinstance(condition, jax.core.Tracer):
+        with jax.ensure_compile_time_eval():  # concrete: torch's check reads it with `.item()`
+            return jnp.array(True)
+    return jnp.all(condition)
+
+
 #: torch functions and the JAX functions hfax lowers them to.
 LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
     torch.matmul: matmul,
@@ -182,6 +192,7 @@ LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
     torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
     torch._grouped_mm: grouped_mm,
     torch.ops.aten._grouped_mm.default: grouped_mm,
+    torch.ops.aten._is_all_true.default: is_all_true,
 }
 
 
