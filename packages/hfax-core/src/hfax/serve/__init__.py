@@ -10,6 +10,7 @@ OpenAI's request fields, :mod:`hfax.serve.app` is the HTTP API (Starlette and uv
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 import numpy as np
@@ -68,4 +69,20 @@ def run(model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batc
     config = uvicorn.Config(
         build(server), host=host, port=port, timeout_graceful_shutdown=drain, log_level="info"
     )
-    uvicorn.Server(config).run()
+    # uvicorn drains on SIGINT or SIGTERM, then raises the signal again for the process: a stop asked for
+    # is a clean exit here.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        uvicorn.Server(config).run()
+    except (KeyboardInterrupt, Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Stopped(Exception):
+    """SIGTERM, after uvicorn's graceful shutdown."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise Stopped
