@@ -386,6 +386,21 @@ def test_programs_compile_per_prompt_bucket_only(served):
     assert served.metrics()["hfax_compiles_total"] == before + 1
 
 
+def test_readme_client_example_runs(served, capsys):
+    """The README's openai-client block, pointed at this server and its model."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    serving = readme[readme.index("## Serving") :]
+    block = re.search(r"^```py\n(.*?)^```", serving, flags=re.DOTALL | re.MULTILINE).group(1)
+    assert "http://127.0.0.1:8000/v1" in block and '"google/gemma-3-270m"' in block
+    source = block.replace("http://127.0.0.1:8000/v1", f"{served.url}/v1")
+    exec(
+        compile(source.replace('"google/gemma-3-270m"', repr(served.path)), "README.md", "exec"), {}
+    )
+    assert capsys.readouterr().out.strip()
+
+
 def test_shutdown_finishes_in_flight_requests(served):
     """SIGTERM: a stream under way runs to its end, then the server exits cleanly."""
     prompt = _long_prompt(served)
