@@ -33,6 +33,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     choice: int = 0
+    logprobs: bool = False
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The settings as the 0-d arrays a row of :func:`choose`'s ``rows`` holds."""
@@ -44,31 +45,72 @@ class Sampling:
             "top_p": np.float32(self.top_p),
             "seed": np.int32(self.seed & 0x7FFFFFFF),
             "choice": np.int32(self.choice),
+            "logprobs": np.bool_(self.logprobs),
         }
 
 
-def choose(logits: Any, rows: dict[str, Any], step: Any) -> dict[str, Any]:
+def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str, Any]:
     """Each row's next token from its ``logits`` ``[rows, vocab]`` at new-token index ``step`` ``[rows]``.
 
-    ``rows`` holds :meth:`Sampling.arrays` stacked to ``[rows]``. Returns ``token`` ``[rows]`` (int32), its
-    ``logprob`` under the model's own distribution, and the ``top_ids``/``top_logprobs`` ``[rows, k]`` of
-    the :data:`TOP_LOGPROBS` likeliest tokens.
+    ``rows`` holds :meth:`Sampling.arrays` stacked to ``[rows]``; ``work`` says which parts any row needs
+    (see :func:`work_needed`). Returns ``token`` ``[rows]`` (int32), its ``logprob`` under the model's own
+    distribution, and the ``top_ids``/``top_logprobs`` ``[rows, k]`` of the :data:`TOP_LOGPROBS` likeliest
+    tokens (zeros unless ``work.logprobs``).
     """
     import torch
 
     logits = logits.to(torch.float32)
-    greedy = torch.argmax(logits, dim=-1).to(torch.int32)
-    steps = (("temperature", ()), ("top_p", (1,)))
-    settings = [{"value": rows["temperature"][:, None]}, {"value": rows["top_p"][:, None]}]
-    scores = processors.apply(steps, settings, logits, history=None)
-    noise = search.gumbel(rows["seed"][:, None], step[:, None], rows["choice"], logits.shape[-1])
-    sampled = torch.argmax(scores + noise, dim=-1).to(torch.int32)
-    token = torch.where(rows["sample"], sampled, greedy)
+    token = torch.argmax(logits, dim=-1).to(torch.int32)
+    if work.sample:
+        steps = [("temperature", ())] + [("top_p", (1,))] * work.top_p
+        settings = [{"value": rows["temperature"][:, None]}, {"value": rows["top_p"][:, None]}]
+        scores = processors.apply(tuple(steps), settings[: len(steps)], logits, history=None)
+        noise = search.gumbel(
+            rows["seed"][:, None], step[:, None], rows["choice"], logits.shape[-1]
+        )
+        sampled = torch.argmax(scores + noise, dim=-1).to(torch.int32)
+        token = torch.where(rows["sample"], sampled, token)
+    k = min(TOP_LOGPROBS, logits.shape[-1])
+    if not work.logprobs:
+        zeros = torch.zeros((logits.shape[0], k), device=logits.device)
+        return {"token": token, "logprob": zeros[:, 0], "top_ids": zeros.to(torch.int32),
+                "top_logprobs": zeros}  # fmt: skip
     logprobs = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logprobs, min(TOP_LOGPROBS, logits.shape[-1]), dim=-1)
+    top = torch.topk(logprobs, k, dim=-1)
     return {
         "token": token,
         "logprob": logprobs.gather(1, token[:, None].to(torch.int64))[:, 0],
         "top_ids": top.indices.to(torch.int32),
         "top_logprobs": top.values,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Which parts of :func:`choose` run: sampling, its top-p sort, log-probabilities (each costs every
+    row a pass over the vocabulary, the sort most)."""
+
+    sample: bool
+    top_p: bool
+    logprobs: bool
+
+
+#: Every :class:`Work`, in the order :func:`work_needed` numbers them.
+WORKS = tuple(
+    Work(sample, top_p, logprobs)
+    for sample, top_p in ((False, False), (True, False), (True, True))
+    for logprobs in (False, True)
+)
+
+
+def work_needed(rows: dict[str, Any], busy: Any) -> Any:
+    """The index in :data:`WORKS` of what the ``busy`` rows need (a 0-d int32 tensor), so that a batch
+    of greedy requests costs what greedy decoding costs."""
+    import torch
+
+    sample = (rows["sample"] & busy).any()
+    top_p = (rows["sample"] & (rows["top_p"] < 1) & busy).any()
+    logprobs = (rows["logprobs"] & busy).any()
+    return ((sample.to(torch.int32) + top_p.to(torch.int32)) * 2 + logprobs.to(torch.int32)).to(
+        torch.int32
+    )

@@ -86,7 +86,7 @@ class Job:
     include_usage: bool
 
     def sampling(self, choice: int) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.seed, choice)
+        return Sampling(self.temperature, self.top_p, self.seed, choice, self.logprobs is not None)
 
 
 def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, length: int) -> Job:

@@ -32,7 +32,16 @@ import numpy as np
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import mesh, monitor
-from hfax.backends.jax.generation import Static, _cache_argument, _in_place, _on_torch, _step, _wait
+from hfax.backends.jax.generation import (
+    TRANSPOSE_FROM_STEPS,
+    Static,
+    _cache_argument,
+    _in_place,
+    _on_torch,
+    _step,
+    _transposed_weights,
+    _wait,
+)
 from hfax.generation import processors, rows, tokens
 from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket
 
@@ -87,6 +96,22 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class SlotStatic:
+    """The static part of the admit and decode programs: the forward's, and the weights read transposed."""
+
+    step: Static
+    transposed: frozenset[str] = frozenset()
+
+
+def transposed_weights(model: Any, slots: int) -> frozenset[str]:
+    """The weights the engine keeps transposed: those ``generate``'s long decode loops over ``slots`` rows
+    read transposed (:func:`hfax.backends.jax.generation._transposed_weights`). The server pays the copy
+    once, so any chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
+    static = _static(model, 0, TRANSPOSE_FROM_STEPS)
+    return _transposed_weights(model, static, slots)
+
+
 def _slot_axes(model: Any, static: Static) -> dict[str, int]:
     """The column axis of every per-column array of a layer's state (keys are stored transposed in place)."""
     return {**slot_cache.SLOT_AXES, "keys": 3} if _in_place(model, static) else slot_cache.SLOT_AXES
@@ -124,8 +149,16 @@ def _output(slots: int, chunk: int) -> dict[str, Any]:
     }
 
 
-def _choose(logits: Any, settings: dict[str, Any], step: Any) -> dict[str, Any]:
-    return _on_torch(rows.choose, logits, settings, step)
+def _choose(logits: Any, settings: dict[str, Any], step: Any, busy: Any) -> dict[str, Any]:
+    """:func:`rows.choose` doing only the work the ``busy`` rows need (one branch per :data:`rows.WORKS`)."""
+    needed = _on_torch(rows.work_needed, settings, busy)
+    branches = [
+        lambda logits, settings, step, work=work: _on_torch(
+            lambda *args: rows.choose(*args, work), logits, settings, step
+        )
+        for work in rows.WORKS
+    ]
+    return jax.lax.switch(needed, branches, logits, settings, step)
 
 
 def _is_eos(token: Any, eos: Any) -> Any:
@@ -133,17 +166,26 @@ def _is_eos(token: Any, eos: Any) -> Any:
 
 
 def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
-                  settings: dict[str, Any], eos: Any, static: Static) -> tuple[Any, Any]:  # fmt: skip
+                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     logits, small, _ = _step(
-        model, static, params, None, ids, positions, mask, jnp.arange(prompt), 0
+        model,
+        static.step,
+        params,
+        None,
+        ids,
+        positions,
+        mask,
+        jnp.arange(prompt),
+        0,
+        transposed=static.transposed,
     )
     clock = state["clock"]
     first = clock - prompt
-    axes = _slot_axes(model, static)
+    axes = _slot_axes(model, static.step)
 
     def put(name: str, big: Any, new: Any) -> Any:
         if name not in axes:
@@ -160,7 +202,8 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
     row_valid = jax.lax.dynamic_update_slice(jnp.zeros((1, length), bool), mask, (0, first))
     valid = jax.lax.dynamic_update_slice(state["valid"], row_valid, (row, 0))
     one = {name: value[None] for name, value in settings.items()}
-    chosen = jax.tree.map(lambda x: x[0], _choose(logits, one, jnp.zeros((1,), jnp.int32)))
+    first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
+    chosen = jax.tree.map(lambda x: x[0], first)
     token = chosen["token"]
     per_row = {
         **settings,
@@ -174,10 +217,10 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
 
 
 def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
-                   static: Static) -> dict[str, Any]:  # fmt: skip
+                   static: SlotStatic) -> dict[str, Any]:  # fmt: skip
     """Up to ``steps`` new tokens in every unfinished row (at most the chunk's capacity), in one loop."""
     slots, length = state["valid"].shape
-    chunk = static.decoding.capacity
+    chunk = static.step.decoding.capacity
 
     def running(carry: tuple[Any, Any]) -> Any:
         state, i = carry
@@ -189,10 +232,11 @@ def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, e
         table, clock = state["rows"], state["clock"]
         valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
         ids, positions = table["last"][:, None], table["position"][:, None]
-        logits, states, _ = _step(model, static, params, state["states"], ids, positions, valid,
-                                  clock[None], clock, masked=static.attends)  # fmt: skip
-        chosen = _choose(logits, table, table["step"])
+        logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
+                                  clock[None], clock, masked=static.step.attends,
+                                  transposed=static.transposed)  # fmt: skip
         live = ~table["finished"]
+        chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])
         out = state["out"]
         written = {
@@ -258,6 +302,11 @@ class SlotEngine:
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
+        self._transposed = transposed_weights(model, slots)
+        self.params = {
+            name: value.T if name in self._transposed else value
+            for name, value in model.params.items()
+        }
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
         program = model.program("serve_start", start_program)
         self.state = program(model.params, valid, table, static=self._decode_static)
@@ -281,8 +330,8 @@ class SlotEngine:
         settings = {**sampling.arrays(), "limit": np.int32(max_new)}
         args = self._replicate((padded, mask, np.int32(row), settings))
         program = self.model.program("serve_admit", admit_program, donate=("state",))
-        static = _static(self.model, size, self.chunk)
-        self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
+        static = SlotStatic(_static(self.model, size, self.chunk), self._transposed)
+        self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
     def decode(self, steps: int) -> None:
@@ -290,8 +339,9 @@ class SlotEngine:
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
-            self.model.params, self.state, limit, self.eos, static=self._decode_static
-        )
+            self.params, self.state, limit, self.eos,
+            static=SlotStatic(self._decode_static, self._transposed),
+        )  # fmt: skip
 
     def read(self) -> Chunk:
         out, finished = self.state["out"], self.state["rows"]["finished"]
