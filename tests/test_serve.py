@@ -69,7 +69,8 @@ class Served:
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", self.path,
                    "--port", str(self.port), "--max-batch", str(SLOTS), "--max-queue", str(QUEUE),
                    "--drain", "20"]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "HFAX_CACHE": str(tmp_path / "hfax-cache")}  # not the user's cache
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
         self._jax_model = None

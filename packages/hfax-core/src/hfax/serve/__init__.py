@@ -45,8 +45,11 @@ def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
         )
     slot_engine = make(slots, length, chunk)
     slot_engine.admit(0, [0], Sampling(), 2)
-    slot_engine.decode(1)
-    slot_engine.read()
+    rows = 1
+    while rows < 2 * slots:  # a decode program for every power of two of busy rows
+        slot_engine.decode(1, min(rows, slots))
+        slot_engine.read()
+        rows *= 2
     slot_engine.release(np.ones((slots,), bool))
     slot_engine.shift(0)
     return slot_engine

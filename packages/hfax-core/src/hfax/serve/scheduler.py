@@ -41,8 +41,8 @@ class SlotEngine(Protocol):
     def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
         """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
 
-    def decode(self, steps: int) -> None:
-        """Start up to ``steps`` decode steps over every row."""
+    def decode(self, steps: int, rows: int) -> None:
+        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
 
     def read(self) -> Any:
         """The last chunk's tokens per row (``tokens``, ``logprobs``, ``top_ids``, ``top_logprobs``,
@@ -242,7 +242,8 @@ class Scheduler:
             self.engine.release(self._mask([row]))
 
     def _decode(self) -> None:
-        self.engine.decode(self.engine.chunk)
+        last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
+        self.engine.decode(self.engine.chunk, last + 1)
         chunk = self.engine.read()
         count = np.asarray(chunk.count)
         self.counters.decode_steps += int(count.max(initial=0))

@@ -23,6 +23,7 @@ so a stream of requests compiles one prefill per prompt bucket, one decode, one 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -102,6 +103,7 @@ class SlotStatic:
 
     step: Static
     transposed: frozenset[str] = frozenset()
+    rows: int = 0  # decode: how many leading rows it runs
 
 
 def transposed_weights(model: Any, slots: int) -> frozenset[str]:
@@ -218,7 +220,26 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
 
 def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
                    static: SlotStatic) -> dict[str, Any]:  # fmt: skip
-    """Up to ``steps`` new tokens in every unfinished row (at most the chunk's capacity), in one loop."""
+    """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
+    free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
+    slots = state["valid"].shape[0]
+    if static.rows == slots:
+        return _decode(model, params, state, steps, eos, static)
+    head = {name: jax.tree.map(lambda x: x[: static.rows], state[name]) for name in ROW_PARTS}
+    head = _decode(model, params, {**head, "clock": state["clock"]}, steps, eos, static)
+    out = _output(slots, static.step.decoding.capacity)
+    whole = {**state, "out": out}
+    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=0, axis=0)
+    merged = {name: jax.tree.map(put, whole[name], head[name]) for name in (*ROW_PARTS, "out")}
+    return {**state, **merged, "clock": head["clock"]}
+
+
+#: The parts of the state that hold one entry per row.
+ROW_PARTS = ("states", "valid", "rows")
+
+
+def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
+            static: SlotStatic) -> dict[str, Any]:  # fmt: skip
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
@@ -334,13 +355,16 @@ class SlotEngine:
         self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
-    def decode(self, steps: int) -> None:
-        """Start a chunk of up to ``steps`` tokens per unfinished row (``read`` waits for it)."""
+    def decode(self, steps: int, rows: int) -> None:
+        """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
+        waits for it). One program per power of two of rows."""
+        multiple = mesh.batch_multiple(self.model.mesh)
+        rows = min(self.slots, -(-bucket(max(rows, 1), 1) // multiple) * multiple)
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
             self.params, self.state, limit, self.eos,
-            static=SlotStatic(self._decode_static, self._transposed),
+            static=SlotStatic(self._decode_static, self._transposed, rows),
         )  # fmt: skip
 
     def read(self) -> Chunk:
