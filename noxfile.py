@@ -502,7 +502,9 @@ def install(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """All packages installed editable together (tests/test_namespace.py checks they import), then tests/."""
     editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
-    session.install("-c", str(CONSTRAINTS), *editables, f"{ROOT}[demo]")
+    # tests/test_serve.py drives `hfax serve` (the serve extra) with the official openai client.
+    serve = ["-e", f"{PACKAGES / 'hfax-core'}[test,serve]", "openai"]
+    session.install("-c", str(CONSTRAINTS), *editables, *serve, f"{ROOT}[demo]")
     session.run(
         "pytest", "--import-mode=importlib", str(ROOT / "tests"), *session.posargs, env=TEST_ENV
     )

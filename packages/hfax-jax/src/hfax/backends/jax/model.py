@@ -167,6 +167,13 @@ class JaxModel(BackendModel):
         self.check_can_generate()
         return generation.generate(self, input_ids, attention_mask, **options)
 
+    def serving_engine(self, slots: int, length: int, chunk: int) -> Any:
+        """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
+        from hfax.backends.jax.slots import SlotEngine
+
+        self.check_can_generate()
+        return SlotEngine(self, slots, length, chunk)
+
 
 def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
     """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor."""

@@ -1,0 +1,327 @@
+"""``hfax serve`` under load: concurrent streaming clients against one-at-a-time generation.
+
+    python benchmarks/serve.py                           # benchmark Llama and Gemma 3 270M, 1/4/16 clients
+    python benchmarks/serve.py --models llama --clients 1,16 --requests 16 --no-markdown
+
+For each model the script starts ``hfax serve`` on 127.0.0.1 (a free port, ``--max-batch 16``) and sends
+the same fixed set of greedy streaming completions (mixed prompt lengths and ``max_tokens``, drawn from a
+seeded generator) with 1, 4 and 16 concurrent clients. It reports output tokens/s over the whole run,
+p50/p99 time to first token and p50/p99 inter-token latency (per request: the time from its first to its
+last token over the tokens in between). Then, with the server stopped, the same requests run one at a
+time through hfax's ``model.generate`` (each shape run once before, so compiling is not counted) and
+through transformers' own ``generate`` on PyTorch/CPU. Load is generated on 127.0.0.1 only and bounded
+by ``--requests`` and ``--timeout``. It prints a table, writes a JSON record and rewrites the "Serving"
+section of docs/PERFORMANCE.md (``benchmarks/decode.py`` keeps that section when it rewrites the page).
+
+The benchmark Llama has random weights and no tokenizer: it is served from a folder that links its files
+beside a word-level tokenizer of its 32000 tokens, and prompts are token ids for every model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+import decode  # noqa: E402  (benchmarks/decode.py: the benchmark models and the Markdown page)
+
+SECTION = "## Serving"
+MODELS = ("llama", "gemma")
+PROMPT_LENGTHS = (8, 24, 60, 120)
+NEW_TOKENS = (16, 32, 64)
+
+
+def workload(count: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """``count`` requests: prompt token ids (BOS-free, inside ``vocab``) and ``max_tokens``, mixed."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            rng.integers(10, vocab, int(rng.choice(PROMPT_LENGTHS))).tolist(),
+            int(rng.choice(NEW_TOKENS)),
+        )
+        for _ in range(count)
+    ]
+
+
+def served_folder(name: str, scratch: Path) -> str:
+    """The folder ``hfax serve`` loads: the model's own, or for the benchmark Llama (no tokenizer) its
+    files linked beside a word-level tokenizer of its vocabulary."""
+    path = decode.model_path(name)
+    if name != "llama":
+        return path
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    target = scratch / "llama"
+    target.mkdir(exist_ok=True)
+    for file in Path(path).iterdir():
+        (target / file.name).symlink_to(file)
+    words = {f"w{i}": i for i in range(decode.LLAMA_CONFIG["vocab_size"])}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="w2").save_pretrained(target)
+    return str(target)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """``hfax serve`` in a subprocess on 127.0.0.1."""
+
+    def __init__(self, path: str, dtype: str, slots: int, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "w")
+        command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", path,
+                   "--dtype", dtype, "--port", str(self.port), "--max-batch", str(slots),
+                   "--max-queue", "256", "--max-len", "512"]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"hfax serve exited {self.process.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5):
+                    return
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"hfax serve did not start in 15 minutes; see {log}")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        return {line.split()[0]: float(line.split()[1]) for line in lines if line[:1] != "#"}
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=120)
+        self.log.close()
+
+
+def one_request(client: Any, model: str, ids: list[int], max_tokens: int) -> dict[str, float]:
+    """One greedy streamed completion: when it was sent, its first and last tokens came, and its tokens."""
+    sent = time.perf_counter()
+    first = last = None
+    tokens = 0
+    stream = client.completions.create(model=model, prompt=ids, max_tokens=max_tokens, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})  # fmt: skip
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text:
+            first = first or now
+            last = now
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"sent": sent, "first": first or last or sent, "last": last or sent, "tokens": tokens}
+
+
+def load(url: str, model: str, requests: list[tuple[list[int], int]], clients: int, timeout: float) -> dict[str, Any]:  # fmt: skip
+    """``requests`` sent by ``clients`` concurrent clients, each taking the next when its last ended."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda job: one_request(client, model, *job), requests))
+    elapsed = time.perf_counter() - started
+    tokens = sum(r["tokens"] for r in results)
+    ttft = [r["first"] - r["sent"] for r in results]
+    itl = [(r["last"] - r["first"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "ttft_p50": float(np.percentile(ttft, 50)),
+        "ttft_p99": float(np.percentile(ttft, 99)),
+        "itl_p50": float(np.percentile(itl, 50)),
+        "itl_p99": float(np.percentile(itl, 99)),
+    }
+
+
+def one_at_a_time(engine: str, path: str, dtype: str, requests: list[tuple[list[int], int]]) -> dict[str, Any]:  # fmt: skip
+    """The requests one after another through ``engine``'s generate (greedy, stopping at EOS)."""
+    import torch
+
+    if engine == "hfax-generate":
+        from hfax import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, backend="jax", dtype=dtype)
+
+        def generate(ids: list[int], n: int) -> int:
+            out = np.asarray(model.generate(np.array([ids]), max_new_tokens=n, do_sample=False))
+            return _count(out[0, len(ids) :], model.generation_config)
+
+        for ids, n in requests:  # every prompt and length bucket compiled before the clock starts
+            generate(ids, n)
+    else:
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        model.eval()
+
+        def generate(ids: list[int], n: int) -> int:
+            with torch.inference_mode():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
+            return _count(out[0, len(ids) :].numpy(), model.generation_config)
+
+    started = time.perf_counter()
+    tokens = sum(generate(ids, n) for ids, n in requests)
+    elapsed = time.perf_counter() - started
+    return {
+        "engine": engine,
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+    }
+
+
+def _count(new: np.ndarray, config: Any) -> int:
+    """New tokens before the first EOS (what the server reports as completion tokens)."""
+    eos = config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    hits = np.flatnonzero(np.isin(new, eos))
+    return int(hits[0]) if hits.size else int(new.shape[0])
+
+
+def run_model(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    path = served_folder(name, scratch)
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(path).get_text_config().vocab_size
+    requests = workload(args.requests, vocab)
+    log = scratch / f"serve-{name}.log"
+    server = Server(path, args.dtype, args.max_batch, log)
+    rows = []
+    try:
+        load(server.url, path, requests[:2], 2, args.timeout)  # the prompt buckets compiled
+        for clients in args.clients:
+            rows.append(load(server.url, path, requests, clients, args.timeout))
+            print(f"{name} {clients:>3} clients: {_line(rows[-1])}", flush=True)
+        compiles = server.metrics()["hfax_compiles_total"]
+    finally:
+        server.stop()
+    baselines = [one_at_a_time(engine, path, args.dtype, requests) for engine in args.baselines]
+    for row in baselines:
+        print(f"{name} {row['engine']}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+    return {"model": name, "load": rows, "baselines": baselines, "compiles": compiles}
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50'] * 1e3:.0f} ms p99 "
+        f"{row['ttft_p99'] * 1e3:.0f} ms, ITL p50 {row['itl_p50'] * 1e3:.1f} ms p99 {row['itl_p99'] * 1e3:.1f} ms"
+    )
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lines = []
+    for result in record["results"]:
+        alone = {row["engine"]: row["tokens_per_s"] for row in result["baselines"]}
+        single = next((row for row in result["load"] if row["clients"] == 1), None)
+        for row in result["load"]:
+            ratio = (
+                row["tokens_per_s"] / alone["hfax-generate"] if "hfax-generate" in alone else None
+            )
+            itl = row["itl_p99"] / single["itl_p99"] if single else None
+            lines.append(
+                f"| {result['model']} | hfax serve, {row['clients']} clients | {row['tokens_per_s']:.1f} "
+                f"| {_ratio(ratio)} | {row['ttft_p50'] * 1e3:.0f} / {row['ttft_p99'] * 1e3:.0f} "
+                f"| {row['itl_p50'] * 1e3:.1f} / {row['itl_p99'] * 1e3:.1f} | {_ratio(itl)} |"
+            )
+        for row in result["baselines"]:
+            ratio = (
+                row["tokens_per_s"] / alone["hfax-generate"] if "hfax-generate" in alone else None
+            )
+            lines.append(
+                f"| {result['model']} | {row['engine']}, one at a time | {row['tokens_per_s']:.1f} "
+                f"| {_ratio(ratio)} | | | |"
+            )
+    return f"""{SECTION}
+
+Generated by `benchmarks/serve.py`; rerun it rather than editing this section.
+
+- Command: `{record["command"]}`
+- Measured {record["started"]} to {record["finished"]} on {record["machine"]}
+- Load average (1, 5, 15 min) before: {record["load_average_before"]}, after: {record["load_average_after"]}
+
+The same {record["requests"]} greedy streamed completions (prompts of {", ".join(map(str, PROMPT_LENGTHS))}
+tokens, `max_tokens` {", ".join(map(str, NEW_TOKENS))}, {record["dtype"]}) sent to `hfax serve --max-batch
+{record["max_batch"]} --max-len 512` on 127.0.0.1 by 1, 4 and 16 concurrent clients, then run one at a time
+through hfax's `model.generate` (compiled beforehand) and transformers' `generate` on PyTorch/CPU. *tok/s*:
+output tokens over the run's wall time; *× alone*: over hfax `generate` one at a time; TTFT: send to first
+token; ITL: per request, first to last token over the tokens between; *p99 ITL × 1 client*: against the
+single client's p99.
+
+| model | engine | tok/s | × alone | TTFT p50 / p99 ms | ITL p50 / p99 ms | p99 ITL × 1 client |
+|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+"""
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--requests", type=int, default=32, help="requests per client count")
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one request may take")
+    parser.add_argument("--baselines", default="hfax-generate,transformers")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
+    parser.add_argument("--no-markdown", action="store_true", help="do not touch the Markdown page")
+    args = parser.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    record: dict[str, Any] = {
+        "command": " ".join(["benchmarks/serve.py", *(sys.argv[1:] if argv is None else argv)]),
+        "started": now(),
+        "machine": f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores), "
+        f"{platform.platform()}",
+        "load_average_before": list(os.getloadavg()),
+        "requests": args.requests,
+        "dtype": args.dtype,
+        "max_batch": args.max_batch,
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        results = [run_model(name, args, Path(scratch)) for name in args.models.split(",")]
+    record.update(finished=now(), load_average_after=list(os.getloadavg()), results=results)
+    print(f"load average (1, 5, 15 min): {record['load_average_after']}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    if not args.no_markdown:
+        decode.write_section(args.markdown, SECTION, markdown(record))
+    return 0
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

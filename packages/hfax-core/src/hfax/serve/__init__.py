@@ -1,0 +1,91 @@
+"""``hfax serve``: an OpenAI-compatible server with continuous batching, for any model a backend can serve.
+
+    hfax serve -m MODEL --max-batch 8        then   POST http://127.0.0.1:8000/v1/chat/completions
+
+:mod:`hfax.serve.scheduler` batches requests on the backend's slot engine, :mod:`hfax.serve.requests` checks
+OpenAI's request fields, :mod:`hfax.serve.app` is the HTTP API (Starlette and uvicorn, from the extra
+``hfax-core[serve]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import numpy as np
+
+from hfax.generation.rows import Sampling
+
+#: Decode steps per chunk: how often new requests may join and tokens reach their clients.
+CHUNK = 8
+
+
+def context_length(model: Any, requested: int | None) -> int:
+    """The columns of each row: ``requested``, else the model's positions up to 1024 (attention reads every
+    column every step, so more than requests need costs time)."""
+    config = model.config.get_text_config(decoder=True)
+    positions = getattr(config, "max_position_embeddings", None) or 1024
+    if requested is None:
+        return min(positions, 1024)
+    if requested < 32 or requested > positions:
+        raise ValueError(
+            f"--max-len {requested}: choose from 32 to the model's {positions} positions"
+        )
+    return requested
+
+
+def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
+    """The backend's slot engine for ``model``, its programs compiled by one throwaway request."""
+    make = getattr(model, "serving_engine", None)
+    if make is None:
+        raise NotImplementedError(
+            f"the {getattr(model, 'backend', type(model).__name__)} backend has no continuous-batching "
+            "engine yet; serve with -b jax"
+        )
+    slot_engine = make(slots, length, chunk)
+    slot_engine.admit(0, [0], Sampling(), 2)
+    rows = 1
+    while rows < 2 * slots:  # a decode program for every power of two of busy rows
+        slot_engine.decode(1, min(rows, slots))
+        slot_engine.read()
+        rows *= 2
+    slot_engine.release(np.ones((slots,), bool))
+    slot_engine.shift(0)
+    return slot_engine
+
+
+def run(model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batch: int, max_queue: int,
+        max_len: int | None, drain: float) -> None:  # fmt: skip
+    """Serve ``model`` on ``host:port`` until interrupted; in-flight requests get ``drain`` seconds to end."""
+    import uvicorn
+
+    from hfax.serve.app import Server, build
+    from hfax.serve.scheduler import Scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    length = context_length(model, max_len)
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    scheduler = Scheduler(engine(model, max_batch, length), eos, max_queue)
+    server = Server(scheduler, tokenizer, name, length)
+    config = uvicorn.Config(
+        build(server), host=host, port=port, timeout_graceful_shutdown=drain, log_level="info"
+    )
+    # uvicorn drains on SIGINT or SIGTERM, then raises the signal again for the process: a stop asked for
+    # is a clean exit here.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        uvicorn.Server(config).run()
+    except (KeyboardInterrupt, Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Stopped(Exception):
+    """SIGTERM, after uvicorn's graceful shutdown."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise Stopped

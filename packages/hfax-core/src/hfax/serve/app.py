@@ -1,0 +1,416 @@
+"""The OpenAI-compatible HTTP API of ``hfax serve`` (Starlette, run by uvicorn).
+
+    POST /v1/completions, /v1/chat/completions   answered whole, or as server-sent events (``stream``)
+    GET  /v1/models, /health, /metrics           what is served, whether it serves, Prometheus counters
+
+A request is checked (:mod:`hfax.serve.requests`), split into its ``n`` choices, and queued on the
+:class:`~hfax.serve.scheduler.Scheduler`; tokens come back per decode chunk and are turned into text
+here, where ``stop`` strings end a choice. A client that goes away cancels its choices, which frees their
+rows before the next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from hfax.serve import requests
+from hfax.serve.requests import APIError, Job
+from hfax.serve.scheduler import Event, QueueFull, Scheduler, Sequence
+
+
+class Text:
+    """One choice's text as tokens arrive: decoded whole each time (so multi-token characters come out
+    right), cut at the first ``stop`` string, and held back while its end could still start one."""
+
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids: list[int] = []
+        self.sent = 0  # characters already handed out
+        self.stopped = False
+
+    def add(self, ids: list[int], final: bool) -> str:
+        """The new text that may be sent after ``ids``; everything left when ``final``."""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for stop in self.stop:
+            at = text.find(stop, max(0, self.sent - len(stop) + 1))
+            if at >= 0:
+                text, self.stopped, final = text[:at], True, True
+        end = len(text)
+        if not final:
+            hold = max((len(s) - 1 for s in self.stop), default=0)
+            end = max(self.sent, len(text.rstrip("\ufffd")) - hold)
+        new, self.sent = text[self.sent : end], max(self.sent, end)
+        return new
+
+
+class Choice:
+    """One of a request's ``n`` continuations: its sequence in the scheduler, its text and logprobs."""
+
+    def __init__(
+        self, index: int, job: Job, tokenizer: Any, queue: asyncio.Queue, loop: Any
+    ) -> None:
+        self.index = index
+        self.text = Text(tokenizer, job.stop)
+        self.finish: str | None = None
+        self.tokens = 0
+
+        def deliver(event: Event) -> None:  # on the scheduler's thread
+            loop.call_soon_threadsafe(queue.put_nowait, (self, event))
+
+        self.sequence = Sequence(job.ids, job.max_new, job.sampling(index), deliver)
+
+
+class Server:
+    """The API's state: the scheduler, the tokenizer, the served name and the limits."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer: Any, name: str, length: int) -> None:
+        self.scheduler, self.tokenizer, self.name, self.length = scheduler, tokenizer, name, length
+        self.started = int(time.time())
+        self.closing = False
+        self.latency: dict[str, list[float]] = {"ttft": [], "e2e": []}
+
+    def job(self, kind: str, body: Any) -> Job:
+        return requests.parse(
+            kind, body, self.name, self.tokenizer, self.scheduler.fits, self.length
+        )
+
+    async def run(self, job: Job, disconnected: Any) -> AsyncIterator[tuple[Choice, Event, str]]:
+        """Queue ``job``'s choices and yield ``(choice, event, new text)`` as tokens arrive, until every
+        choice finished; cancels them all if the consumer stops early or ``disconnected()`` says so."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        choices = [Choice(i, job, self.tokenizer, queue, loop) for i in range(job.n)]
+        try:
+            self.scheduler.submit([choice.sequence for choice in choices])
+        except QueueFull:
+            raise APIError(
+                f"the server's queue is full ({self.scheduler.max_queue} waiting); retry later",
+                status=429,
+                code="queue_full",
+                kind="rate_limit_error",
+            ) from None
+        submitted = time.perf_counter()
+        first = True
+        open_choices = len(choices)
+        try:
+            while open_choices:
+                choice, event = await _next(queue, disconnected)
+                if choice.finish is not None:
+                    continue
+                if first and event.ids:
+                    self.latency["ttft"].append(time.perf_counter() - submitted)
+                    first = False
+                choice.tokens += len(event.ids)
+                text = choice.text.add(event.ids, event.finish is not None)
+                if choice.text.stopped:
+                    event.finish = "stop"
+                    self.scheduler.cancel(choice.sequence)
+                if event.finish is not None:
+                    choice.finish = event.finish
+                    open_choices -= 1
+                if event.finish == "error":
+                    raise APIError("the model failed on this request; see the server's log",
+                                   status=500, kind="server_error")  # fmt: skip
+                yield choice, event, text
+        finally:
+            for choice in choices:
+                if choice.finish is None:
+                    self.scheduler.cancel(choice.sequence)
+            self.latency["e2e"].append(time.perf_counter() - submitted)
+
+
+async def _next(queue: asyncio.Queue, disconnected: Any) -> tuple[Choice, Event]:
+    """The next event, checking every half second whether the client went away."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), timeout=0.5)
+        except asyncio.TimeoutError:
+            if await disconnected():
+                raise asyncio.CancelledError("the client disconnected") from None
+
+
+def usage(job: Job, choices_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": len(job.ids),
+        "completion_tokens": choices_tokens,
+        "total_tokens": len(job.ids) + choices_tokens,
+    }
+
+
+def _finish(reason: str | None) -> str | None:
+    return "length" if reason == "cancelled" else reason
+
+
+class Logprobs:
+    """A choice's log-probabilities in the shape of its endpoint: completions' parallel lists, or
+    chat's ``content`` entries."""
+
+    def __init__(self, tokenizer: Any, top: int) -> None:
+        self.tokenizer, self.top = tokenizer, top
+
+    def _token(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def completions(self, event: Event, offset: int) -> dict[str, Any]:
+        tokens = [self._token(t) for t in event.ids]
+        offsets, at = [], offset
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        top = [
+            {self._token(t): lp for t, lp in zip(ids[: self.top], lps[: self.top])}
+            for ids, lps in zip(event.top_ids, event.top_logprobs)
+        ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": event.logprobs,
+            "top_logprobs": top if self.top else None,
+            "text_offset": offsets,
+        }
+
+    def chat(self, event: Event) -> dict[str, Any]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = self._token(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        content = []
+        for token, logprob, ids, lps in zip(
+            event.ids, event.logprobs, event.top_ids, event.top_logprobs
+        ):
+            alternatives = [entry(t, lp) for t, lp in zip(ids[: self.top], lps[: self.top])]
+            content.append({**entry(token, logprob), "top_logprobs": alternatives})
+        return {"content": content}
+
+
+def _merge(kind: str, parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not parts:
+        return None
+    if kind == "chat":
+        return {"content": [entry for part in parts for entry in part["content"]]}
+    return {key: [x for part in parts for x in (part[key] or [])] or None for key in parts[0]}
+
+
+async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
+    """The whole response of a request that is not streamed."""
+    texts: dict[int, list[str]] = {i: [] for i in range(job.n)}
+    logs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
+    reasons: dict[int, str | None] = {}
+    logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
+    tokens = 0
+    async for choice, event, text in server.run(job, disconnected):
+        texts[choice.index].append(text)
+        if job.logprobs is not None and event.ids:
+            offset = sum(len(t) for t in texts[choice.index][:-1])
+            part = (
+                logprobs.chat(event) if job.kind == "chat" else logprobs.completions(event, offset)
+            )
+            logs[choice.index].append(part)
+        if event.finish is not None:
+            reasons[choice.index] = _finish(event.finish)
+            tokens += choice.tokens
+    choices = []
+    for i in range(job.n):
+        text = "".join(texts[i])
+        body: dict[str, Any] = {"index": i, "finish_reason": reasons.get(i)}
+        if job.kind == "chat":
+            body["message"] = {"role": "assistant", "content": text}
+        else:
+            body["text"] = text
+        body["logprobs"] = _merge(job.kind, logs[i]) if job.logprobs is not None else None
+        choices.append(body)
+    return {
+        **_head(server, job),
+        "object": "chat.completion" if job.kind == "chat" else "text_completion",
+        "choices": choices,
+        "usage": usage(job, tokens),
+    }
+
+
+def _head(server: Server, job: Job) -> dict[str, Any]:
+    prefix = "chatcmpl" if job.kind == "chat" else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.name}
+
+
+async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[str]:
+    """The response as server-sent events: one chunk per choice and decode chunk, ``[DONE]`` last."""
+    head = {
+        **_head(server, job),
+        "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+    }
+    logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
+    offsets = [0] * job.n
+    tokens, finished = 0, 0
+    greeted: set[int] = set()
+    try:
+        async for choice, event, text in server.run(job, disconnected):
+            body: dict[str, Any] = {"index": choice.index, "finish_reason": _finish(event.finish)}
+            if job.kind == "chat":
+                delta = {"content": text} if text else {}
+                if choice.index not in greeted:
+                    delta = {"role": "assistant", **delta, "content": text}
+                    greeted.add(choice.index)
+                body["delta"] = delta
+            else:
+                body["text"] = text
+            part = None
+            if job.logprobs is not None and event.ids:
+                part = (
+                    logprobs.chat(event)
+                    if job.kind == "chat"
+                    else logprobs.completions(event, offsets[choice.index])
+                )
+            body["logprobs"] = part
+            offsets[choice.index] += len(text)
+            if not text and not event.ids and event.finish is None:
+                continue
+            chunk = {**head, "choices": [body]}
+            if event.finish is not None:
+                tokens += choice.tokens
+                finished += 1
+                if finished == job.n and not job.include_usage:
+                    chunk["usage"] = usage(job, tokens)
+            yield _event(chunk)
+        if job.include_usage:
+            yield _event({**head, "choices": [], "usage": usage(job, tokens)})
+    except APIError as error:
+        if error.status < 500:  # a full queue: raised before the stream starts, answered as a 429
+            raise
+        yield _event(error.body())
+    yield "data: [DONE]\n\n"
+
+
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def metrics(server: Server) -> str:
+    """Prometheus' text format."""
+    scheduler = server.scheduler
+    counters = scheduler.counters
+    compiles, compile_seconds = scheduler.engine.counters()
+    rows = [
+        ("hfax_requests_total", "counter", "Requests accepted.", counters.requests),
+        (
+            "hfax_requests_rejected_total",
+            "counter",
+            "Requests refused with 429.",
+            counters.rejected,
+        ),
+        ("hfax_prompt_tokens_total", "counter", "Prompt tokens prefilled.", counters.prompt_tokens),
+        ("hfax_generation_tokens_total", "counter", "Tokens generated.", counters.generated_tokens),
+        ("hfax_decode_steps_total", "counter", "Decode steps run.", counters.decode_steps),
+        (
+            "hfax_busy_row_steps_total",
+            "counter",
+            "Decode steps times busy rows.",
+            counters.busy_row_steps,
+        ),
+        ("hfax_cache_shifts_total", "counter", "Times every row's cache moved.", counters.shifts),
+        ("hfax_queue_depth", "gauge", "Sequences waiting for a row.", scheduler.waiting),
+        ("hfax_batch_occupancy", "gauge", "Rows holding a sequence.", scheduler.busy),
+        ("hfax_batch_slots", "gauge", "Rows of the decode program.", scheduler.engine.slots),
+        ("hfax_compiles_total", "counter", "XLA programs compiled in this process.", compiles),
+        (
+            "hfax_compile_seconds_total",
+            "counter",
+            "Seconds spent tracing and compiling.",
+            compile_seconds,
+        ),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def build(server: Server, drain: Any = None) -> Any:
+    """The Starlette application serving ``server``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def error_response(error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def body_of(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise APIError(f"the request body is not valid JSON: {error}") from None
+
+    def endpoint(kind: str) -> Any:
+        async def handle(request: Request) -> Any:
+            try:
+                if server.closing:
+                    raise APIError("the server is shutting down", status=503, kind="server_error")
+                job = server.job(kind, await body_of(request))
+                if job.stream:  # Starlette cancels the stream when its client goes away
+                    events = stream(server, job, _never)
+                    first = await events.__anext__()  # a full queue still answers 429, not a stream
+                    return StreamingResponse(
+                        _prepend(first, events), media_type="text/event-stream"
+                    )
+                return JSONResponse(await answer(server, job, request.is_disconnected))
+            except APIError as error:
+                return error_response(error)
+
+        return handle
+
+    async def models(request: Request) -> JSONResponse:
+        entry = {
+            "id": server.name,
+            "object": "model",
+            "created": server.started,
+            "owned_by": "hfax",
+        }
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Any:
+        if server.closing:
+            return PlainTextResponse("shutting down", status_code=503)
+        return PlainTextResponse("ok")
+
+    async def metrics_endpoint(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(metrics(server), media_type="text/plain; version=0.0.4")
+
+    async def not_found(request: Request, error: Exception) -> JSONResponse:
+        status = getattr(error, "status_code", 404)
+        message = f"{request.method} {request.url.path} is not an endpoint of hfax serve"
+        return error_response(
+            APIError(message, status=status, code="not_found" if status == 404 else None)
+        )
+
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        server.closing = True
+        await asyncio.to_thread(server.scheduler.close)
+
+    routes = [
+        Route("/v1/completions", endpoint("completions"), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found}
+    )
+
+
+async def _never() -> bool:
+    return False
+
+
+async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    yield first
+    async for event in rest:
+        yield event

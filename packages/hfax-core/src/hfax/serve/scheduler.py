@@ -1,0 +1,307 @@
+"""Continuous batching: requests wait in a bounded queue, take a free row of the engine, leave when done.
+
+One worker thread owns the engine (:class:`SlotEngine`, e.g. :class:`hfax.backends.jax.slots.SlotEngine`)
+and loops: release rows whose request finished or was cancelled, prefill waiting requests into free rows
+(first in, first out), run one decode chunk over every row, hand each request its new tokens. Requests
+reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
+:class:`Sequence`'s ``deliver`` callback, called on the worker thread.
+
+The cache columns a request will use are known when it is admitted (its prompt's bucket before the
+engine's clock, ``max_new`` after it), so admission checks they fit and otherwise shifts every row, or
+waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column layout).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from hfax.generation.rows import Sampling
+
+log = logging.getLogger("hfax.serve")
+
+
+class SlotEngine(Protocol):
+    """What a backend gives the scheduler: a fixed number of rows decoded together."""
+
+    slots: int
+    length: int
+    chunk: int
+    clock: int
+
+    def bucket(self, length: int) -> int:
+        """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
+
+    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
+        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
+
+    def decode(self, steps: int, rows: int) -> None:
+        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
+
+    def read(self) -> Any:
+        """The last chunk's tokens per row (``tokens``, ``logprobs``, ``top_ids``, ``top_logprobs``,
+        ``count``, ``finished``); waits for the device."""
+
+    def release(self, free: np.ndarray) -> None:
+        """Mark rows finished so that no decode step waits for them."""
+
+    def shift(self, delta: int) -> None:
+        """Move every row's columns (and the clock) by ``delta``."""
+
+    def counters(self) -> tuple[int, float]:
+        """Programs compiled and seconds spent compiling so far in this process."""
+
+
+@dataclasses.dataclass
+class Event:
+    """New tokens of one sequence (``ids`` with their ``logprobs``, ``top_ids``, ``top_logprobs``), and
+    ``finish``: ``None`` while it runs, then ``"stop"`` (an EOS token), ``"length"``, or ``"cancelled"``."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    finish: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One continuation being generated: a prompt, its limits and settings, and where its tokens go."""
+
+    ids: list[int]
+    max_new: int
+    sampling: Sampling
+    deliver: Callable[[Event], None]
+    row: int = -1
+    generated: int = 0
+    cancelled: bool = False
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+
+class QueueFull(Exception):
+    """The scheduler's queue holds ``max_queue`` waiting sequences already."""
+
+
+@dataclasses.dataclass
+class Counters:
+    """What ``/metrics`` reports."""
+
+    requests: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    busy_row_steps: int = 0
+    shifts: int = 0
+
+
+class Scheduler:
+    """Runs :class:`Sequence` objects on ``engine`` in a worker thread (see the module docstring)."""
+
+    def __init__(self, engine: SlotEngine, eos: list[int], max_queue: int) -> None:
+        self.engine, self.eos, self.max_queue = engine, set(eos), max_queue
+        self.counters = Counters()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._rows: list[Sequence | None] = [None] * engine.slots
+        self._spans: dict[int, tuple[int, int]] = {}  # row -> its columns [first, end)
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="hfax-serve-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> int:
+        return sum(sequence is not None for sequence in self._rows)
+
+    def fits(self, prompt: int, max_new: int) -> bool:
+        """Whether a prompt of ``prompt`` tokens and ``max_new`` new ones fit the engine's rows at all."""
+        return self.engine.bucket(prompt) + max_new <= self.engine.length
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queue ``sequences`` (one request's choices) together, or raise :class:`QueueFull`."""
+        with self._wake:
+            if self._closing or len(self._waiting) + len(sequences) > self.max_queue:
+                self.counters.rejected += 1
+                raise QueueFull
+            self.counters.requests += 1
+            self._waiting.extend(sequences)
+            self._wake.notify()
+
+    def cancel(self, sequence: Sequence) -> None:
+        """Stop ``sequence``: it leaves the queue or its row before the next chunk (thread-safe)."""
+        with self._wake:
+            sequence.cancelled = True
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Cancel whatever waits or runs, and stop the worker."""
+        with self._wake:
+            self._closing = True
+            for sequence in [*self._waiting, *filter(None, self._rows)]:
+                sequence.cancelled = True
+            self._wake.notify()
+        self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._drop_cancelled()
+                while not self._closing and not self._waiting and not self.busy:
+                    self._wake.wait()
+                if self._closing and not self.busy and not self._waiting:
+                    return
+                admitted = self._take_admissible()
+            try:
+                for row, sequence in admitted:
+                    self._admit(row, sequence)
+                if self.busy:
+                    self._decode()
+            except Exception:  # noqa: BLE001 - the server keeps serving; these requests get an error
+                log.exception(
+                    "hfax serve: the engine failed; the requests it held end with an error"
+                )
+                self._fail([sequence for _, sequence in admitted] + list(filter(None, self._rows)))
+
+    def _fail(self, sequences: list[Sequence]) -> None:
+        with self._wake:
+            for sequence in set(sequences):
+                if sequence.row >= 0 and self._rows[sequence.row] is sequence:
+                    self._rows[sequence.row] = None
+                    self._spans.pop(sequence.row, None)
+                sequence.deliver(Event([], [], [], [], finish="error"))
+
+    def _drop_cancelled(self) -> None:
+        for sequence in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(sequence)
+            sequence.deliver(Event([], [], [], [], finish="cancelled"))
+        free = np.zeros((self.engine.slots,), bool)
+        for row, sequence in enumerate(self._rows):
+            if sequence is not None and sequence.cancelled:
+                free[row] = True
+                self._finish(row, "cancelled")
+        if free.any():
+            self.engine.release(free)
+
+    def _take_admissible(self) -> list[tuple[int, Sequence]]:
+        """Waiting sequences that get a free row now, first come first served, with the engine shifted so
+        their columns fit."""
+        admitted = []
+        while self._waiting and None in self._rows:
+            sequence = self._waiting[0]
+            delta = self._delta(self.engine.bucket(len(sequence.ids)), sequence.max_new)
+            if delta is None:
+                break
+            if delta:
+                self.engine.shift(delta)
+                self.counters.shifts += 1
+                self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
+            row = self._rows.index(None)
+            self._waiting.popleft()
+            self._rows[row], sequence.row = sequence, row
+            clock = self.engine.clock
+            self._spans[row] = (
+                clock - self.engine.bucket(len(sequence.ids)),
+                clock + sequence.max_new,
+            )
+            admitted.append((row, sequence))
+        return admitted
+
+    def _delta(self, bucket: int, max_new: int) -> int | None:
+        """How far to move every row so that a prompt bucket fits before the clock and ``max_new`` columns
+        after it (0 when it fits as it is); ``None`` when no move does while the current rows run."""
+        clock, length = self.engine.clock, self.engine.length
+        low, high = bucket - clock, length - max_new - clock
+        for first, end in self._spans.values():
+            low, high = max(low, -first), min(high, length - end)
+        if low > high:
+            return None
+        return 0 if low <= 0 <= high else low if low > 0 else high
+
+    def _admit(self, row: int, sequence: Sequence) -> None:
+        chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)
+        self.counters.prompt_tokens += len(sequence.ids)
+        sequence.first_token = time.perf_counter()
+        token = int(chosen["token"])
+        finish = self._finish_reason(token, 1, sequence)
+        self._send(sequence, [token], [float(chosen["logprob"])], [chosen["top_ids"].tolist()],
+                   [chosen["top_logprobs"].tolist()], finish)  # fmt: skip
+        if finish is not None:
+            with self._wake:
+                self._finish(row, finish)
+            self.engine.release(self._mask([row]))
+
+    def _decode(self) -> None:
+        last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
+        self.engine.decode(self.engine.chunk, last + 1)
+        chunk = self.engine.read()
+        count = np.asarray(chunk.count)
+        self.counters.decode_steps += int(count.max(initial=0))
+        self.counters.busy_row_steps += int(count.sum())
+        with self._wake:
+            for row, sequence in enumerate(self._rows):
+                if sequence is None or sequence.cancelled:
+                    continue
+                n = int(count[row])
+                ids = chunk.tokens[row, :n].tolist()
+                finish = None
+                if chunk.finished[row]:
+                    finish = self._finish_reason(ids[-1] if ids else -1, 0, sequence) or "length"
+                self._send(sequence, ids, chunk.logprobs[row, :n].tolist(),
+                           chunk.top_ids[row, :n].tolist(), chunk.top_logprobs[row, :n].tolist(),
+                           finish)  # fmt: skip
+                if finish is not None:
+                    self._finish(row, finish)
+
+    def _finish_reason(self, token: int, new: int, sequence: Sequence) -> str | None:
+        if token in self.eos:
+            return "stop"
+        if sequence.generated + new >= sequence.max_new:
+            return "length"
+        return None
+
+    def _send(self, sequence: Sequence, ids: list[int], logprobs: list[float], top_ids: Any,
+              top_logprobs: Any, finish: str | None) -> None:  # fmt: skip
+        """Deliver new tokens; an EOS token ends the sequence and is not part of its text."""
+        sequence.generated += len(ids)
+        if finish == "stop" and ids and ids[-1] in self.eos:
+            ids, logprobs, top_ids, top_logprobs = (
+                ids[:-1],
+                logprobs[:-1],
+                top_ids[:-1],
+                top_logprobs[:-1],
+            )
+        self.counters.generated_tokens += len(ids)
+        sequence.deliver(Event(ids, logprobs, top_ids, top_logprobs, finish))
+
+    def _finish(self, row: int, reason: str) -> None:
+        sequence = self._rows[row]
+        self._rows[row] = None
+        self._spans.pop(row, None)
+        if sequence is None:
+            return
+        if reason == "cancelled":
+            sequence.deliver(Event([], [], [], [], finish="cancelled"))
+        elapsed = time.perf_counter() - sequence.submitted
+        ttft = (sequence.first_token or time.perf_counter()) - sequence.submitted
+        decoding = elapsed - ttft
+        rate = (sequence.generated - 1) / decoding if decoding > 0 and sequence.generated > 1 else 0
+        log.info(
+            "row %d %s: %d prompt tokens, %d generated, TTFT %.3f s, %.1f tokens/s",
+            row, reason, len(sequence.ids), sequence.generated, ttft, rate,
+        )  # fmt: skip
+
+    def _mask(self, rows: list[int]) -> np.ndarray:
+        free = np.zeros((self.engine.slots,), bool)
+        free[rows] = True
+        return free

@@ -1,0 +1,392 @@
+"""Continuous batching on the JAX backend: a fixed number of rows ("slots") in one compiled decode program.
+
+    engine = SlotEngine(model, slots=8, length=1024, chunk=8)
+    engine.admit(row, ids, mask, sampling, max_new)   prefill one prompt into one row   (a program per prompt bucket)
+    engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
+    engine.read()                                     the chunk's tokens, per row, on the host
+    engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
+
+The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
+``clock``, which advances by one per decode step, so one step is exactly the forward of
+:func:`hfax.backends.jax.generation._step` that ``generate``'s decode runs (one traced write slot, in-place
+cache updates). A request admitted at clock ``t`` has its prompt's bucket written into its row at columns
+``[t - bucket, t)``; its tokens then follow at ``t, t + 1, ...``. Its positions are its own (passed
+explicitly) and ``valid`` hides every column of the row that holds another request's leftovers, so the
+tokens are those it gets alone: keys and queries stay one column apart per position, as sliding windows
+need. When the clock would run past the end for a new request, :meth:`SlotEngine.shift` moves every row
+left (or right) by the same amount, one copy of the cache.
+
+Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
+so a stream of requests compiles one prefill per prompt bucket, one decode, one shift and one start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hfax import masks
+from hfax.backends.jax import cache as slot_cache
+from hfax.backends.jax import mesh, monitor
+from hfax.backends.jax.generation import (
+    TRANSPOSE_FROM_STEPS,
+    Static,
+    _cache_argument,
+    _in_place,
+    _on_torch,
+    _step,
+    _transposed_weights,
+    _wait,
+)
+from hfax.generation import processors, rows, tokens
+from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket
+
+
+@dataclasses.dataclass
+class Chunk:
+    """What one decode chunk produced (host arrays): per row, ``count`` new tokens in ``tokens[:, :count]``
+    with their ``logprobs`` and ``top_ids``/``top_logprobs``, and whether the row has ``finished`` (an EOS
+    token or its limit)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    count: np.ndarray
+    finished: np.ndarray
+
+
+def check_servable(model: Any) -> None:
+    """Refuse a model the slot engine cannot run, naming what it lacks, before anything compiles."""
+    name = type(model.module).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise NotImplementedError(
+            f"hfax serve runs decoder-only models; {name} is an encoder-decoder"
+        )
+    if _cache_argument(model) != "past_key_values" or not accepts(model.module, "position_ids"):
+        raise NotImplementedError(
+            f"hfax serve needs a model that takes past_key_values and position_ids; {name} does not"
+        )
+    kinds = {kind for kind, _ in slot_cache.layer_types(model.config) or ()}
+    if kinds - set(slot_cache.ATTENTION_TYPES):
+        raise NotImplementedError(
+            f"hfax serve runs models whose layers are all attention; {name} has {sorted(kinds)} layers "
+            "(use model.generate for it)"
+        )
+    if masks.plan(model.config, model.module).two_d:
+        raise NotImplementedError(
+            f"{name} builds its own attention masks, which hfax serve cannot give per row"
+        )
+
+
+def _static(model: Any, prompt: int, chunk: int) -> Static:
+    return Static(
+        decoding=tokens.Decoding(
+            steps=(), do_sample=False, num_beams=1, prompt=prompt, capacity=chunk
+        ),
+        layer_types=slot_cache.layer_types(model.config),
+        mask_plan=masks.plan(model.config, model.module),
+        cache_argument="past_key_values",
+        pass_positions=True,
+        logits_to_keep=accepts(model.module, "logits_to_keep"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotStatic:
+    """The static part of the admit and decode programs: the forward's, and the weights read transposed."""
+
+    step: Static
+    transposed: frozenset[str] = frozenset()
+    rows: int = 0  # decode: how many leading rows it runs
+
+
+def transposed_weights(model: Any, slots: int) -> frozenset[str]:
+    """The weights the engine keeps transposed: those ``generate``'s long decode loops over ``slots`` rows
+    read transposed (:func:`hfax.backends.jax.generation._transposed_weights`). The server pays the copy
+    once, so any chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
+    static = _static(model, 0, TRANSPOSE_FROM_STEPS)
+    return _transposed_weights(model, static, slots)
+
+
+def _slot_axes(model: Any, static: Static) -> dict[str, int]:
+    """The column axis of every per-column array of a layer's state (keys are stored transposed in place)."""
+    return {**slot_cache.SLOT_AXES, "keys": 3} if _in_place(model, static) else slot_cache.SLOT_AXES
+
+
+def _row_arrays(slots: int) -> dict[str, np.ndarray]:
+    sampling = rows.Sampling().arrays()
+    counters = {"last": np.int32(0), "position": np.int32(0), "step": np.int32(0)}
+    per_row = {**sampling, **counters, "limit": np.int32(0), "finished": np.bool_(True)}
+    return {name: np.full((slots,), value) for name, value in per_row.items()}
+
+
+def start_program(
+    model: Any, params: Any, valid: Any, table: Any, static: Static
+) -> dict[str, Any]:
+    """Every row free, its buffers made by one forward of a filler token through a cache of the full
+    length."""
+    slots = valid.shape[0]
+    ids = jnp.zeros((slots, 1), jnp.int32)
+    _, states, _ = _step(
+        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0
+    )
+    out = _output(slots, static.decoding.capacity)
+    return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
+
+
+def _output(slots: int, chunk: int) -> dict[str, Any]:
+    top = rows.TOP_LOGPROBS
+    return {
+        "tokens": jnp.zeros((slots, chunk), jnp.int32),
+        "logprobs": jnp.zeros((slots, chunk), jnp.float32),
+        "top_ids": jnp.zeros((slots, chunk, top), jnp.int32),
+        "top_logprobs": jnp.zeros((slots, chunk, top), jnp.float32),
+        "count": jnp.zeros((slots,), jnp.int32),
+    }
+
+
+def _choose(logits: Any, settings: dict[str, Any], step: Any, busy: Any) -> dict[str, Any]:
+    """:func:`rows.choose` doing only the work the ``busy`` rows need (one branch per :data:`rows.WORKS`)."""
+    needed = _on_torch(rows.work_needed, settings, busy)
+    branches = [
+        lambda logits, settings, step, work=work: _on_torch(
+            lambda *args: rows.choose(*args, work), logits, settings, step
+        )
+        for work in rows.WORKS
+    ]
+    return jax.lax.switch(needed, branches, logits, settings, step)
+
+
+def _is_eos(token: Any, eos: Any) -> Any:
+    return (token[:, None] == eos[None, :]).any(-1)
+
+
+def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
+                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
+    """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
+    its first token; returns the state and that token's :func:`rows.choose` output."""
+    prompt = ids.shape[1]
+    positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
+    logits, small, _ = _step(
+        model,
+        static.step,
+        params,
+        None,
+        ids,
+        positions,
+        mask,
+        jnp.arange(prompt),
+        0,
+        transposed=static.transposed,
+    )
+    clock = state["clock"]
+    first = clock - prompt
+    axes = _slot_axes(model, static.step)
+
+    def put(name: str, big: Any, new: Any) -> Any:
+        if name not in axes:
+            raise NotImplementedError(f"hfax serve cannot place a layer state {name!r} into a row")
+        start = [jnp.int32(0)] * big.ndim
+        start[0], start[axes[name]] = row, first
+        return jax.lax.dynamic_update_slice(big, new.astype(big.dtype), start)
+
+    states = [
+        {name: put(name, big[name], value) for name, value in layer.items()}
+        for big, layer in zip(state["states"], small)
+    ]
+    length = state["valid"].shape[1]
+    row_valid = jax.lax.dynamic_update_slice(jnp.zeros((1, length), bool), mask, (0, first))
+    valid = jax.lax.dynamic_update_slice(state["valid"], row_valid, (row, 0))
+    one = {name: value[None] for name, value in settings.items()}
+    first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
+    chosen = jax.tree.map(lambda x: x[0], first)
+    token = chosen["token"]
+    per_row = {
+        **settings,
+        "last": token,
+        "position": jnp.sum(mask, dtype=jnp.int32),
+        "step": jnp.int32(1),
+        "finished": _is_eos(token[None], eos)[0] | (settings["limit"] <= 1),
+    }
+    table = {name: state["rows"][name].at[row].set(value) for name, value in per_row.items()}
+    return {**state, "states": states, "valid": valid, "rows": table}, chosen
+
+
+def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
+                   static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+    """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
+    free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
+    slots = state["valid"].shape[0]
+    if static.rows == slots:
+        return _decode(model, params, state, steps, eos, static)
+    head = {name: jax.tree.map(lambda x: x[: static.rows], state[name]) for name in ROW_PARTS}
+    head = _decode(model, params, {**head, "clock": state["clock"]}, steps, eos, static)
+    out = _output(slots, static.step.decoding.capacity)
+    whole = {**state, "out": out}
+    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=0, axis=0)
+    merged = {name: jax.tree.map(put, whole[name], head[name]) for name in (*ROW_PARTS, "out")}
+    return {**state, **merged, "clock": head["clock"]}
+
+
+#: The parts of the state that hold one entry per row.
+ROW_PARTS = ("states", "valid", "rows")
+
+
+def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
+            static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+    slots, length = state["valid"].shape
+    chunk = static.step.decoding.capacity
+
+    def running(carry: tuple[Any, Any]) -> Any:
+        state, i = carry
+        busy = jnp.any(~state["rows"]["finished"])
+        return (i < jnp.minimum(steps, chunk)) & busy & (state["clock"] < length)
+
+    def advance(carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        state, i = carry
+        table, clock = state["rows"], state["clock"]
+        valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
+        ids, positions = table["last"][:, None], table["position"][:, None]
+        logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
+                                  clock[None], clock, masked=static.step.attends,
+                                  transposed=static.transposed)  # fmt: skip
+        live = ~table["finished"]
+        chosen = _choose(logits, table, table["step"], live)
+        token = jnp.where(live, chosen["token"], table["last"])
+        out = state["out"]
+        written = {
+            name: jnp.where(_at(live, i, out[name].shape), value[:, None], out[name])
+            for name, value in (("tokens", token), ("logprobs", chosen["logprob"]),
+                                ("top_ids", chosen["top_ids"]), ("top_logprobs", chosen["top_logprobs"]))
+        }  # fmt: skip
+        step = table["step"] + live
+        done = live & (_is_eos(token, eos) | (step >= table["limit"]))
+        table = {
+            **table,
+            "last": token,
+            "position": table["position"] + live,
+            "step": step,
+            "finished": table["finished"] | done,
+        }
+        out = {**written, "count": out["count"] + live}
+        new = {**state, "states": states, "valid": valid, "clock": clock + 1, "rows": table}
+        return {**new, "out": out}, i + 1
+
+    state = {**state, "out": _output(slots, chunk)}  # this chunk's tokens only
+    state, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0)))
+    return state
+
+
+def _at(live: Any, i: Any, shape: tuple[int, ...]) -> Any:
+    """A mask of ``shape`` (``[rows, chunk, ...]``) true at chunk column ``i`` of the ``live`` rows."""
+    column = jnp.arange(shape[1]) == i
+    hit = live[:, None] & column[None]
+    return hit.reshape(hit.shape + (1,) * (len(shape) - 2))
+
+
+def shift_program(model: Any, state: dict[str, Any], delta: Any, static: Static) -> dict[str, Any]:
+    """Every row's columns moved by ``delta`` (the clock with them); columns moved in hold nothing."""
+    axes = _slot_axes(model, static)
+    length = state["valid"].shape[1]
+    states = [
+        {name: jnp.roll(value, delta, axis=axes[name]) for name, value in layer.items()}
+        for layer in state["states"]
+    ]
+    columns = jnp.arange(length) - delta
+    kept = (columns >= 0) & (columns < length)
+    valid = jnp.roll(state["valid"], delta, axis=1) & kept[None]
+    return {**state, "states": states, "valid": valid, "clock": state["clock"] + delta}
+
+
+def release_program(model: Any, state: dict[str, Any], free: Any, static: Static) -> dict[str, Any]:
+    table = state["rows"]
+    return {**state, "rows": {**table, "finished": table["finished"] | free}}
+
+
+class SlotEngine:
+    """``slots`` rows of a ``length``-column cache for :class:`hfax.serve.scheduler.Scheduler`."""
+
+    def __init__(self, model: Any, slots: int, length: int, chunk: int) -> None:
+        check_servable(model)
+        if model.mesh is not None and slots % mesh.batch_multiple(model.mesh):
+            raise ValueError(
+                f"--max-batch {slots} must be a multiple of the mesh's batch axes "
+                f"({mesh.batch_multiple(model.mesh)})"
+            )
+        self.model, self.slots, self.length, self.chunk = model, slots, length, chunk
+        eos = model.generation_config.eos_token_id
+        self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
+        self._decode_static = _static(model, 0, chunk)
+        self._transposed = transposed_weights(model, slots)
+        self.params = {
+            name: value.T if name in self._transposed else value
+            for name, value in model.params.items()
+        }
+        valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
+        program = model.program("serve_start", start_program)
+        self.state = program(model.params, valid, table, static=self._decode_static)
+        self.clock = 0  # the host's copy of the device's clock
+
+    def _replicate(self, tree: Any) -> Any:
+        return mesh.replicate(tree, self.model.mesh)
+
+    def bucket(self, length: int) -> int:
+        """The prompt bucket a prompt of ``length`` tokens is padded into."""
+        return bucket(length, MIN_LENGTH_BUCKET)
+
+    def admit(
+        self, row: int, ids: list[int], sampling: rows.Sampling, max_new: int
+    ) -> dict[str, Any]:
+        """Prefill ``ids`` into ``row`` at the clock; returns its first token's choice on the host."""
+        size = self.bucket(len(ids))
+        padded = np.zeros((1, size), np.int32)
+        mask = np.zeros((1, size), bool)
+        padded[0, size - len(ids) :], mask[0, size - len(ids) :] = ids, True
+        settings = {**sampling.arrays(), "limit": np.int32(max_new)}
+        args = self._replicate((padded, mask, np.int32(row), settings))
+        program = self.model.program("serve_admit", admit_program, donate=("state",))
+        static = SlotStatic(_static(self.model, size, self.chunk), self._transposed)
+        self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
+        return {name: np.asarray(value) for name, value in chosen.items()}
+
+    def decode(self, steps: int, rows: int) -> None:
+        """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
+        waits for it). One program per power of two of rows."""
+        multiple = mesh.batch_multiple(self.model.mesh)
+        rows = min(self.slots, -(-bucket(max(rows, 1), 1) // multiple) * multiple)
+        program = self.model.program("serve_decode", decode_program, donate=("state",))
+        limit = self._replicate(np.int32(steps))
+        self.state = program(
+            self.params, self.state, limit, self.eos,
+            static=SlotStatic(self._decode_static, self._transposed, rows),
+        )  # fmt: skip
+
+    def read(self) -> Chunk:
+        out, finished = self.state["out"], self.state["rows"]["finished"]
+        _wait((out, finished))
+        self.clock = int(self.state["clock"])
+        return Chunk(**{name: np.asarray(value) for name, value in out.items()},
+                     finished=np.asarray(finished))  # fmt: skip
+
+    def release(self, free: np.ndarray) -> None:
+        """Mark the rows ``free`` (bool ``[slots]``) finished, so no decode step waits for them."""
+        program = self.model.program("serve_release", release_program, donate=("state",))
+        self.state = program(self.state, self._replicate(free), static=self._decode_static)
+
+    def shift(self, delta: int) -> None:
+        """Move every row's columns by ``delta``: see the module docstring."""
+        program = self.model.program("serve_shift", shift_program, donate=("state",))
+        self.state = program(
+            self.state, self._replicate(np.int32(delta)), static=self._decode_static
+        )
+        self.clock += delta
+
+    def counters(self) -> tuple[int, float]:
+        snapshot = monitor.snapshot()
+        return snapshot.compiles, snapshot.compile_seconds + snapshot.trace_seconds

@@ -1,0 +1,89 @@
+"""The continuous-batching engine of ``hfax serve``: rows joining and leaving a running batch, and the cache
+moving under them, give every request the tokens ``generate`` gives it alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hfax.backends.jax import monitor
+from hfax.backends.jax.slots import SlotEngine, check_servable
+from hfax.generation.rows import Sampling
+
+PROMPTS = [
+    [1, 5, 9, 30, 40],
+    [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+    [1, 50],
+]
+NEW = 12
+SAMPLED = dict(temperature=0.7, top_p=0.9, seed=11)
+
+
+def _generated(model, prompt, **options):
+    out = np.asarray(model.generate(np.array([prompt]), max_new_tokens=NEW, **options))
+    return out[0, len(prompt) :].tolist()
+
+
+def _run(engine: SlotEngine, schedule) -> dict[int, list[int]]:
+    """Admit ``(row, prompt, sampling)`` entries chunk by chunk (one list per chunk; ``int`` entries shift
+    the cache by that much), and collect every row's tokens until all finished."""
+    tokens: dict[int, list[int]] = {}
+    for entries in schedule:
+        for entry in entries:
+            if isinstance(entry, int):
+                engine.shift(entry)
+                continue
+            row, prompt, sampling = entry
+            tokens[row] = [int(engine.admit(row, prompt, sampling, NEW)["token"])]
+        engine.decode(engine.chunk, max(tokens) + 1)
+        chunk = engine.read()
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+    while not chunk.finished[list(tokens)].all():
+        engine.decode(engine.chunk, max(tokens) + 1)
+        chunk = engine.read()
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+    return tokens
+
+
+@pytest.mark.parametrize("sizes", [None, {"data": 4, "model": 2}], ids=["one-device", "mesh"])
+def test_rows_joining_a_running_batch_get_their_generate_tokens(tiny, sizes):
+    import hfax
+
+    directory, _, model = tiny("llama")
+    if sizes is not None:
+        model = hfax.AutoModelForCausalLM.from_pretrained(
+            str(directory), backend="jax", mesh=hfax.make_mesh(**sizes)
+        )
+    greedy = [_generated(model, p, do_sample=False) for p in PROMPTS]
+    sampled = _generated(model, PROMPTS[0], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=4, length=96, chunk=4)
+    schedule = [
+        [40, (0, PROMPTS[0], Sampling(0.0))],
+        [(2, PROMPTS[1], Sampling(0.0))],  # joins after row 0's first chunk
+        [
+            -8,
+            (1, PROMPTS[2], Sampling(0.0)),
+            (3, PROMPTS[0], Sampling(**SAMPLED)),
+        ],  # the cache moves
+    ]
+    tokens = _run(engine, schedule)
+    assert tokens[0] == greedy[0] and tokens[2] == greedy[1] and tokens[1] == greedy[2]
+    assert tokens[3] == sampled
+
+
+def test_new_settings_and_rows_compile_nothing(tiny):
+    _, _, model = tiny("llama")
+    engine = SlotEngine(model, slots=4, length=96, chunk=4)
+    _run(engine, [[40, (0, PROMPTS[0], Sampling(0.0)), (1, PROMPTS[2], Sampling(**SAMPLED))]])
+    before = monitor.snapshot().compiles
+    for i, prompt in enumerate(PROMPTS[::2] * 2):
+        _run(engine, [[(i, prompt, Sampling(0.1 * i, 1 - 0.1 * i, seed=i, choice=i))], [-2]])
+    assert monitor.snapshot().compiles == before
+
+
+def test_models_the_engine_cannot_run_are_refused_by_name(tiny):
+    _, _, model = tiny("mamba")
+    with pytest.raises(NotImplementedError, match="hfax serve"):
+        check_servable(model)

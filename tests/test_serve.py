@@ -1,0 +1,435 @@
+"""``hfax serve`` as a subprocess on 127.0.0.1, driven by the official ``openai`` client.
+
+One server (a tiny saved Llama, 8 rows) serves the whole module. Its answers are checked against
+transformers' own ``generate`` (greedy) and hfax's ``model.generate`` (seeded sampling, which draws the
+same noise per seed, step and row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+SLOTS, QUEUE, LENGTH = 8, 16, 256
+PROMPTS = [
+    "the capital of france is",
+    "a small cat and a big dog",
+    "one two three four five six seven eight nine",
+    "water",
+    "the old man and the sea were here at night",
+    "red blue green",
+    "why is the sun hot",
+    "i can see the river from my house",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+class Served:
+    def __init__(self, tmp_path) -> None:
+        import transformers
+
+        from hfax.testing import TINY_SPECIAL, save_tiny, save_tiny_tokenizer
+
+        config = transformers.LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LENGTH,
+            **TINY_SPECIAL,
+        )  # fmt: skip
+        self.path = str(tmp_path / "tiny-llama")
+        self.reference = save_tiny(config, self.path)
+        self.tokenizer = save_tiny_tokenizer(self.path)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp_path / "serve.log", "w+")
+        command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", self.path,
+                   "--port", str(self.port), "--max-batch", str(SLOTS), "--max-queue", str(QUEUE),
+                   "--drain", "20"]  # fmt: skip
+        env = {**os.environ, "HFAX_CACHE": str(tmp_path / "hfax-cache")}  # not the user's cache
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self._wait_healthy()
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
+        self._jax_model = None
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"hfax serve exited {self.process.returncode}:\n{self.logs()}")
+            try:
+                if _get(f"{self.url}/health") == "ok":
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"hfax serve did not become healthy:\n{self.logs()}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def metrics(self) -> dict[str, float]:
+        lines = _get(f"{self.url}/metrics").splitlines()
+        return {
+            line.split()[0]: float(line.split()[1]) for line in lines if not line.startswith("#")
+        }
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt)["input_ids"]
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+
+    def greedy(self, ids: list[int], max_new: int) -> list[int]:
+        """transformers' own greedy continuation, EOS excluded."""
+        from hfax.testing import reference_generate
+
+        out = reference_generate(self.reference, np.array([ids]), max_new_tokens=max_new)[0]
+        return _until_eos(out[len(ids) :].tolist())
+
+    @property
+    def jax_model(self):
+        if self._jax_model is None:
+            from hfax import AutoModelForCausalLM
+
+            self._jax_model = AutoModelForCausalLM.from_pretrained(self.path, backend="jax")
+        return self._jax_model
+
+    def text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def complete(self, prompt, **options):
+        options.setdefault("temperature", 0)
+        return self.client.completions.create(model=self.path, prompt=prompt, **options)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _until_eos(tokens: list[int], eos: int = 2) -> list[int]:
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = Served(tmp_path_factory.mktemp("serve"))
+    yield server
+    server.stop()
+    server.log.close()
+
+
+def _streamed_text(stream) -> tuple[str, list]:
+    chunks = list(stream)
+    text = "".join(
+        (c.choices[0].text if hasattr(c.choices[0], "text") else c.choices[0].delta.content or "")
+        for c in chunks
+        if c.choices
+    )
+    return text, chunks
+
+
+def test_models_health_and_metrics(served):
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == [served.path]
+    assert _get(f"{served.url}/health") == "ok"
+    metrics = served.metrics()
+    assert metrics["hfax_batch_slots"] == SLOTS
+    assert metrics["hfax_compiles_total"] >= 1
+
+
+def test_completion_greedy_equals_transformers(served):
+    prompt = PROMPTS[0]
+    expected = served.greedy(served.ids(prompt), 12)
+    answer = served.complete(prompt, max_tokens=12)
+    choice = answer.choices[0]
+    assert choice.text == served.text(expected)
+    assert choice.finish_reason == ("length" if len(expected) == 12 else "stop")
+    assert answer.usage.prompt_tokens == len(served.ids(prompt))
+    assert answer.usage.completion_tokens == len(expected)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + len(expected)
+    text, chunks = _streamed_text(served.complete(prompt, max_tokens=12, stream=True))
+    assert text == choice.text
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(expected)  # usage without include_usage too
+
+
+def test_completion_token_ids_and_logprobs(served):
+    """A prompt of token ids; logprobs are transformers' log-softmax at each greedy token."""
+    import torch
+
+    ids = served.ids(PROMPTS[1])
+    answer = served.complete(ids, max_tokens=6, logprobs=3)
+    expected = served.greedy(ids, 6)
+    logprobs = answer.choices[0].logprobs
+    assert logprobs.tokens == [served.tokenizer.decode([t]) for t in expected]
+    with torch.no_grad():
+        logits = served.reference(torch.tensor([ids + expected])).logits[0, len(ids) - 1 : -1]
+    want = torch.log_softmax(logits.float(), -1)[torch.arange(len(expected)), expected].numpy()
+    np.testing.assert_allclose(logprobs.token_logprobs, want, atol=1e-4)
+    assert all(len(top) == 3 for top in logprobs.top_logprobs)
+    # the greedy token is the likeliest, so it heads its alternatives
+    assert [next(iter(top)) for top in logprobs.top_logprobs] == logprobs.tokens
+
+
+def test_chat_equals_transformers_streamed_and_not(served):
+    messages = [
+        {"role": "system", "content": "you are a cat"},
+        {"role": "user", "content": "hello"},
+    ]
+    expected = served.text(served.greedy(served.chat_ids(messages), 10))
+    answer = served.client.chat.completions.create(
+        model=served.path, messages=messages, max_tokens=10, temperature=0
+    )
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == expected
+    assert answer.usage.prompt_tokens == len(served.chat_ids(messages))
+    stream = served.client.chat.completions.create(
+        model=served.path, messages=messages, max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    text, chunks = _streamed_text(stream)
+    assert text == expected
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == answer.usage.total_tokens
+
+
+def test_seeded_sampling_equals_generate_and_repeats(served):
+    """Choice i of a seeded request draws what hfax's generate draws for row i of n copies of the prompt
+    with the same seed (top_k=0: OpenAI has no top-k)."""
+    ids = served.ids(PROMPTS[2])
+    options = dict(max_tokens=10, temperature=0.8, top_p=0.9, seed=1234, n=2)
+    answer = served.complete(PROMPTS[2], **options)
+    again = served.complete(PROMPTS[2], **options)
+    assert [c.text for c in answer.choices] == [c.text for c in again.choices]
+    out = served.jax_model.generate(
+        np.array([ids, ids]), max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9,
+        top_k=0, seed=1234,
+    )  # fmt: skip
+    expected = [served.text(_until_eos(row[len(ids) :].tolist())) for row in np.asarray(out)]
+    assert [c.text for c in answer.choices] == expected
+    assert expected[0] != expected[1]
+    other = served.complete(PROMPTS[2], **{**options, "seed": 99})
+    assert [c.text for c in other.choices] != expected
+
+
+def test_stop_strings_end_the_text(served):
+    prompt = PROMPTS[0]
+    full = served.complete(prompt, max_tokens=12).choices[0].text
+    words = full.split()
+    stop = words[2]
+    cut = full[: full.find(stop)]
+    answer = served.complete(prompt, max_tokens=12, stop=[stop, "zzz"])
+    assert answer.choices[0].text == cut
+    assert answer.choices[0].finish_reason == "stop"
+    text, chunks = _streamed_text(served.complete(prompt, max_tokens=12, stop=stop, stream=True))
+    assert text == cut and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def _error(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as raised:
+        call()
+    return raised.value.status_code, raised.value.body
+
+
+@pytest.mark.parametrize(
+    "options, param",
+    [
+        ({"extra_body": {"no_such_field": 1}}, "no_such_field"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": LENGTH}, "max_tokens"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": 1.0}, "frequency_penalty"),
+        ({"logprobs": 9}, "logprobs"),
+        ({"prompt": "one " * LENGTH}, "prompt"),
+    ],
+)
+def test_bad_requests_are_400_and_the_server_keeps_serving(served, options, param):
+    options = {"prompt": PROMPTS[3], "max_tokens": 4, **options}
+    status, body = _error(lambda: served.client.completions.create(model=served.path, **options))
+    assert status == 400
+    assert body["param"] == param and body["type"] == "invalid_request_error" and body["message"]
+    assert served.complete(PROMPTS[3], max_tokens=2).choices[0].text
+
+
+def test_unknown_model_malformed_json_and_unknown_route(served):
+    status, body = _error(lambda: served.client.completions.create(model="gpt-4", prompt="a"))
+    assert status == 404 and body["code"] == "model_not_found"
+    request = urllib.request.Request(f"{served.url}/v1/chat/completions", data=b"{not json",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=10)
+    assert raised.value.code == 400
+    error = json.loads(raised.value.read())["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "JSON" in error["message"]
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(f"{served.url}/v1/engines", timeout=10)
+    assert raised.value.code == 404
+
+
+def test_sixteen_concurrent_clients_get_their_single_answers(served):
+    """16 clients at once (8 rows, the rest waiting): each greedy answer equals the one it gets alone and
+    transformers' own."""
+    jobs = [(PROMPTS[i % len(PROMPTS)], 4 + 3 * i) for i in range(16)]
+    alone = [served.complete(p, max_tokens=n).choices[0].text for p, n in jobs]
+    together: list[str | None] = [None] * len(jobs)
+
+    def ask(i: int) -> None:
+        prompt, n = jobs[i]
+        together[i] = served.complete(prompt, max_tokens=n).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone
+    for (prompt, n), text in zip(jobs, alone):
+        assert text == served.text(served.greedy(served.ids(prompt), n))
+
+
+def _long_prompt(served) -> str:
+    """A prompt whose greedy continuation runs to the end of its row without an EOS token."""
+    for prompt in PROMPTS:
+        if len(served.greedy(served.ids(prompt), LENGTH - 16)) == LENGTH - 16:
+            return prompt
+    pytest.skip("every prompt's continuation ends early")
+
+
+def test_disconnect_mid_stream_frees_the_row(served):
+    prompt = _long_prompt(served)
+    before = served.metrics()
+    stream = served.complete(prompt, max_tokens=LENGTH - 16, stream=True)
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 20
+    while served.metrics()["hfax_batch_occupancy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = served.metrics()
+    assert after["hfax_batch_occupancy"] == 0
+    generated = after["hfax_generation_tokens_total"] - before["hfax_generation_tokens_total"]
+    assert generated < LENGTH - 16, "the request ran to its end: the disconnect freed nothing"
+    assert re.search(r"row \d+ cancelled", served.logs())
+    assert served.complete(PROMPTS[3], max_tokens=2).choices[0].text
+
+
+def test_full_queue_answers_429(served):
+    prompt = _long_prompt(served)
+    statuses: list[int] = []
+
+    def ask() -> None:
+        try:
+            served.complete(prompt, max_tokens=LENGTH - 16)
+            statuses.append(200)
+        except openai.RateLimitError as error:
+            assert error.body["type"] == "rate_limit_error"
+            statuses.append(429)
+
+    threads = [threading.Thread(target=ask) for _ in range(2 * (SLOTS + QUEUE))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses.count(429) >= 1 and statuses.count(200) >= SLOTS
+    assert served.metrics()["hfax_requests_rejected_total"] >= statuses.count(429)
+    assert served.complete(PROMPTS[3], max_tokens=2).choices[0].text
+
+
+def test_programs_compile_per_prompt_bucket_only(served):
+    """New sampling settings, seeds, lengths and choice counts compile nothing; a new prompt bucket
+    compiles its prefill once."""
+    served.complete(PROMPTS[0], max_tokens=3)
+    before = served.metrics()["hfax_compiles_total"]
+    for i, prompt in enumerate(PROMPTS):
+        served.complete(prompt, max_tokens=2 + i, temperature=0.1 * i, top_p=1 - 0.05 * i,
+                        seed=i, n=1 + i % 3)  # fmt: skip
+    assert served.metrics()["hfax_compiles_total"] == before
+    long_prompts = [" ".join(["the"] * 20), " ".join(["a"] * 27)]  # both in the 32-token bucket
+    for prompt in long_prompts:
+        served.complete(prompt, max_tokens=3, temperature=0.5)
+    assert served.metrics()["hfax_compiles_total"] == before + 1
+
+
+def test_readme_client_example_runs(served, capsys):
+    """The README's openai-client block, pointed at this server and its model."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    serving = readme[readme.index("## Serving") :]
+    block = re.search(r"^```py\n(.*?)^```", serving, flags=re.DOTALL | re.MULTILINE).group(1)
+    assert "http://127.0.0.1:8000/v1" in block and '"google/gemma-3-270m"' in block
+    source = block.replace("http://127.0.0.1:8000/v1", f"{served.url}/v1")
+    exec(
+        compile(source.replace('"google/gemma-3-270m"', repr(served.path)), "README.md", "exec"), {}
+    )
+    assert capsys.readouterr().out.strip()
+
+
+def test_shutdown_finishes_in_flight_requests(served):
+    """SIGTERM: a stream under way runs to its end, then the server exits cleanly."""
+    prompt = _long_prompt(served)
+    result: dict = {}
+
+    def ask() -> None:
+        result["text"], chunks = _streamed_text(
+            served.complete(prompt, max_tokens=LENGTH - 16, stream=True)
+        )
+        result["finish"] = chunks[-1].choices[0].finish_reason
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not served.metrics()["hfax_batch_occupancy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert served.stop() == 0
+    thread.join(timeout=30)
+    assert result["finish"] == "length"
+    assert result["text"] == served.text(served.greedy(served.ids(prompt), LENGTH - 16))
+
+
+def test_cli_refuses_bad_options_in_one_line():
+    for args, message in [(["--max-batch", "0"], "--max-batch"), (["--port", "0"], "--port")]:
+        run = subprocess.run(
+            [sys.executable, "-c", "from hfax.cli import main; main()", "serve", *args],
+            capture_output=True, text=True, env={**os.environ}, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 2
+        assert run.stderr.startswith("hfax: error:") and message in run.stderr
+        assert "Traceback" not in run.stderr
