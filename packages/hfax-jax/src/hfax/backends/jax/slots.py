@@ -32,15 +32,12 @@ import numpy as np
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
-from hfax.backends.jax import mesh, monitor
+from hfax.backends.jax import decode_layout, mesh, monitor
 from hfax.backends.jax.generation import (
-    TRANSPOSE_FROM_STEPS,
     Static,
     _cache_argument,
-    _in_place,
     _on_torch,
     _step,
-    _transposed_weights,
     _wait,
 )
 from hfax.generation import processors, rows, tokens
@@ -99,24 +96,29 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
 
 @dataclasses.dataclass(frozen=True)
 class SlotStatic:
-    """The static part of the admit and decode programs: the forward's, and the weights read transposed."""
+    """The static part of the admit and decode programs: the forward's, and how the weights and cache
+    are held."""
 
     step: Static
-    transposed: frozenset[str] = frozenset()
+    layout: decode_layout.DecodeLayout
     rows: int = 0  # decode: how many leading rows it runs
 
 
-def transposed_weights(model: Any, slots: int) -> frozenset[str]:
-    """The weights the engine keeps transposed: those ``generate``'s long decode loops over ``slots`` rows
-    read transposed (:func:`hfax.backends.jax.generation._transposed_weights`). The server pays the copy
-    once, so any chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
-    static = _static(model, 0, TRANSPOSE_FROM_STEPS)
-    return _transposed_weights(model, static, slots)
+def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
+    """How the engine holds its weights and cache: as ``generate``'s long decode loops over ``slots`` rows
+    do (:func:`hfax.backends.jax.decode_layout.choose`). The server pays the transposed copy once, so any
+    chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
+    steps = decode_layout.TRANSPOSE_FROM_STEPS
+    static = _static(model, 0, steps)
+    return decode_layout.choose(
+        model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=steps
+    )
 
 
 def _slot_axes(model: Any, static: Static) -> dict[str, int]:
     """The column axis of every per-column array of a layer's state (keys are stored transposed in place)."""
-    return {**slot_cache.SLOT_AXES, "keys": 3} if _in_place(model, static) else slot_cache.SLOT_AXES
+    in_place = decode_layout.in_place_cache(model, static.layer_types, encoder_decoder=False)
+    return {**slot_cache.SLOT_AXES, "keys": 3} if in_place else slot_cache.SLOT_AXES
 
 
 def _row_arrays(slots: int) -> dict[str, np.ndarray]:
@@ -133,8 +135,10 @@ def start_program(
     length."""
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
+    # The model's own weights, untransposed: this runs once, before the engine's copy exists.
+    layout = dataclasses.replace(slot_layout(model, slots), transposed=frozenset())
     _, states, _ = _step(
-        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0
+        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0, layout=layout
     )
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
@@ -183,7 +187,7 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
         mask,
         jnp.arange(prompt),
         0,
-        transposed=static.transposed,
+        layout=static.layout,
     )
     clock = state["clock"]
     first = clock - prompt
@@ -255,7 +259,7 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         ids, positions = table["last"][:, None], table["position"][:, None]
         logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
                                   clock[None], clock, masked=static.step.attends,
-                                  transposed=static.transposed)  # fmt: skip
+                                  layout=static.layout)  # fmt: skip
         live = ~table["finished"]
         chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])
@@ -323,9 +327,9 @@ class SlotEngine:
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
-        self._transposed = transposed_weights(model, slots)
+        self._layout = slot_layout(model, slots)
         self.params = {
-            name: value.T if name in self._transposed else value
+            name: value.T if name in self._layout.transposed else value
             for name, value in model.params.items()
         }
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
@@ -351,7 +355,7 @@ class SlotEngine:
         settings = {**sampling.arrays(), "limit": np.int32(max_new)}
         args = self._replicate((padded, mask, np.int32(row), settings))
         program = self.model.program("serve_admit", admit_program, donate=("state",))
-        static = SlotStatic(_static(self.model, size, self.chunk), self._transposed)
+        static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
         self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
@@ -364,7 +368,7 @@ class SlotEngine:
         limit = self._replicate(np.int32(steps))
         self.state = program(
             self.params, self.state, limit, self.eos,
-            static=SlotStatic(self._decode_static, self._transposed, rows),
+            static=SlotStatic(self._decode_static, self._layout, rows),
         )  # fmt: skip
 
     def read(self) -> Chunk:
