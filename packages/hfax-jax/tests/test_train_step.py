@@ -44,6 +44,18 @@ def test_a_mesh_gives_the_one_device_losses(tiny, one_device_losses, axes):
     np.testing.assert_allclose(run(module), one_device_losses, rtol=0, atol=1e-5)
 
 
+def test_the_loaded_model_keeps_working_with_the_trained_weights(tiny):
+    # The step donates the weights; the model the module was made from must not be left holding them.
+    directory, _, _ = tiny("llama")
+    module = train.from_pretrained(str(directory))
+    before = np.asarray(module.model(input_ids=batch()["input_ids"][:2]).logits)
+    run(module, steps=2)
+    ids = batch()["input_ids"][:2]
+    after = np.asarray(module.model(input_ids=ids).logits)
+    np.testing.assert_allclose(after, np.asarray(module(input_ids=ids).logits), atol=1e-5)
+    assert np.abs(after - before).max() > 1e-3, "the model must hold the trained weights"
+
+
 def test_the_step_compiles_once_per_shape(tiny):
     directory, _, _ = tiny("llama")
     module = train.from_pretrained(str(directory))

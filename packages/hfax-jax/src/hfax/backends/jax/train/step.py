@@ -59,6 +59,12 @@ class Trainer:
         batch = self.check(batch)
         self.state, loss = self._step(self.state, shard_batch(batch, self.module.model.mesh))
         nnx.update((self.module, self.optimizer), self.state)
+        # The step donated the arrays the loaded model holds too (the module wraps them without a copy):
+        # it holds the new ones, so it keeps working, with the trained weights and without the adapters
+        # (``module.to_model()`` merges those).
+        self.module.model.params.update(
+            {name: variable[...] for name, variable in self.module.weights.items()}
+        )
         return loss
 
     def check(self, batch: dict[str, Any]) -> dict[str, Any]:
