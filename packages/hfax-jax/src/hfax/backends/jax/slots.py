@@ -34,13 +34,12 @@ from hfax import masks
 from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import mesh, monitor
 from hfax.backends.jax.generation import (
-    TRANSPOSE_FROM_STEPS,
     Static,
     _cache_argument,
     _in_place,
+    _loop_reads_16_bits,
     _on_torch,
     _step,
-    _transposed_weights,
     _wait,
 )
 from hfax.generation import processors, rows, tokens
@@ -99,19 +98,10 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
 
 @dataclasses.dataclass(frozen=True)
 class SlotStatic:
-    """The static part of the admit and decode programs: the forward's, and the weights read transposed."""
+    """The static part of a decode program: the forward's, and how many leading rows it runs."""
 
     step: Static
-    transposed: frozenset[str] = frozenset()
-    rows: int = 0  # decode: how many leading rows it runs
-
-
-def transposed_weights(model: Any, slots: int) -> frozenset[str]:
-    """The weights the engine keeps transposed: those ``generate``'s long decode loops over ``slots`` rows
-    read transposed (:func:`hfax.backends.jax.generation._transposed_weights`). The server pays the copy
-    once, so any chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
-    static = _static(model, 0, TRANSPOSE_FROM_STEPS)
-    return _transposed_weights(model, static, slots)
+    rows: int
 
 
 def _slot_axes(model: Any, static: Static) -> dict[str, int]:
@@ -168,26 +158,17 @@ def _is_eos(token: Any, eos: Any) -> Any:
 
 
 def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
-                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
+                  settings: dict[str, Any], eos: Any, static: Static) -> tuple[Any, Any]:  # fmt: skip
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     logits, small, _ = _step(
-        model,
-        static.step,
-        params,
-        None,
-        ids,
-        positions,
-        mask,
-        jnp.arange(prompt),
-        0,
-        transposed=static.transposed,
+        model, static, params, None, ids, positions, mask, jnp.arange(prompt), 0
     )
     clock = state["clock"]
     first = clock - prompt
-    axes = _slot_axes(model, static.step)
+    axes = _slot_axes(model, static)
 
     def put(name: str, big: Any, new: Any) -> Any:
         if name not in axes:
@@ -243,19 +224,18 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
-    def running(carry: tuple[Any, Any]) -> Any:
-        state, i = carry
+    def running(carry: tuple[Any, Any, Any]) -> Any:
+        state, i, _ = carry
         busy = jnp.any(~state["rows"]["finished"])
         return (i < jnp.minimum(steps, chunk)) & busy & (state["clock"] < length)
 
-    def advance(carry: tuple[Any, Any]) -> tuple[Any, Any]:
-        state, i = carry
+    def advance(carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        state, i, params = carry
         table, clock = state["rows"], state["clock"]
         valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
         ids, positions = table["last"][:, None], table["position"][:, None]
         logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
-                                  clock[None], clock, masked=static.step.attends,
-                                  transposed=static.transposed)  # fmt: skip
+                                  clock[None], clock, masked=static.step.attends)  # fmt: skip
         live = ~table["finished"]
         chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])
@@ -276,10 +256,13 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         }
         out = {**written, "count": out["count"] + live}
         new = {**state, "states": states, "valid": valid, "clock": clock + 1, "rows": table}
-        return {**new, "out": out}, i + 1
+        # As in generate's loop: 16-bit weights carried past a barrier are read as they are, not converted
+        # to a float32 copy hoisted out of the loop (`_loop_reads_16_bits`).
+        carried = jax.lax.optimization_barrier(params) if _loop_reads_16_bits(model) else params
+        return {**new, "out": out}, i + 1, carried
 
     state = {**state, "out": _output(slots, chunk)}  # this chunk's tokens only
-    state, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0)))
+    state, _, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0), params))
     return state
 
 
@@ -323,11 +306,6 @@ class SlotEngine:
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
-        self._transposed = transposed_weights(model, slots)
-        self.params = {
-            name: value.T if name in self._transposed else value
-            for name, value in model.params.items()
-        }
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
         program = model.program("serve_start", start_program)
         self.state = program(model.params, valid, table, static=self._decode_static)
@@ -351,8 +329,8 @@ class SlotEngine:
         settings = {**sampling.arrays(), "limit": np.int32(max_new)}
         args = self._replicate((padded, mask, np.int32(row), settings))
         program = self.model.program("serve_admit", admit_program, donate=("state",))
-        static = SlotStatic(_static(self.model, size, self.chunk), self._transposed)
-        self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
+        static = _static(self.model, size, self.chunk)
+        self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
     def decode(self, steps: int, rows: int) -> None:
@@ -363,8 +341,8 @@ class SlotEngine:
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
-            self.params, self.state, limit, self.eos,
-            static=SlotStatic(self._decode_static, self._transposed, rows),
+            self.model.params, self.state, limit, self.eos,
+            static=SlotStatic(self._decode_static, rows),
         )  # fmt: skip
 
     def read(self) -> Chunk:
