@@ -253,7 +253,7 @@ class PeakMemory:
 
 def llama_path() -> str:
     """The benchmark Llama, built once with random weights (seed 0) in hfax's cache dir."""
-    from hfax.demo import cache_dir
+    from hfax.user_cache import cache_dir
 
     target = cache_dir() / "bench" / "llama-134m"
     if not (target / "config.json").exists():

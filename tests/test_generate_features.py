@@ -311,13 +311,15 @@ def test_num_return_sequences_with_sampling(tiny):
 
 
 def test_the_result_has_the_type_it_was_given(tiny):
-    import jax.numpy as jnp
-
     _, model = tiny("llama")
     prompt = [PROMPTS[0]]
     assert isinstance(model.generate(np.array(prompt), max_new_tokens=3), np.ndarray)
     result = model.generate(torch.tensor(prompt), max_new_tokens=3)
     assert isinstance(result, torch.Tensor) and result.dtype == torch.int64
+    try:  # torch_xla's venv has no JAX: JAX arrays come only from JAX users
+        import jax.numpy as jnp
+    except ImportError:
+        return
     assert hasattr(model.generate(jnp.asarray(prompt), max_new_tokens=3), "addressable_shards")
 
 

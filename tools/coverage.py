@@ -43,6 +43,7 @@ TITLES = {
     "encoder": "Encoders (`AutoModel`, last hidden state)",
     "seq2seq": "Encoder-decoders (`AutoModelForSeq2SeqLM`)",
     "classification": "Sequence classification (`AutoModelForSequenceClassification`)",
+    "image_classification": "Image classification (`AutoModelForImageClassification`)",
 }
 #: The checks whose pass counts may not fall (tests/test_coverage.py), as ``kind.check``.
 FLOOR_CHECKS = (
@@ -94,6 +95,7 @@ def architectures(kind: str) -> list[str]:
         "encoder": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
         "seq2seq": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
         "classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        "image_classification": modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
     }[kind]
     return list(mapping)
 

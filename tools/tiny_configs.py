@@ -305,6 +305,12 @@ def tiny_config(
     _merge(values, extra)
     values.pop("transformers_version", None)
     values.pop("architectures", None)
+    for key in (
+        "out_features",
+        "out_indices",
+        "stage_names",
+    ):  # a backbone's stages, as before the shrink
+        values.pop(key, None)
     config = cls.from_dict(values)
     return config
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hfax
-from hfax.backends.jax import generation
+from hfax.backends.jax import decode_layout, generation
 from hfax.testing import save_tiny
 
 PROMPT = [[1, 17, 300, 42, 9, 77, 5]]
@@ -49,7 +49,7 @@ def test_decode_loop_holds_no_float32_copy_of_the_weights(bf16_llama):
     # the loop: a float32 copy of every weight, read by every step. Carried through the loop, they stay 16-bit.
     # The decode program (what streaming runs) is the loop alone: prefill's own temporaries are not in it.
     _, model = bf16_llama
-    assert generation._loop_reads_16_bits(model)
+    assert decode_layout.reads_16_bits(model)
     lowered = generation.lower(model, np.array(PROMPT), max_new_tokens=24)
     memory = lowered.compile().memory_analysis()
     weights = sum(p.nbytes for p in model.params.values())

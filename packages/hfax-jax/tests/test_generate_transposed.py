@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import hfax
-from hfax.backends.jax import generation
+from hfax.backends.jax import decode_layout, generation
 from hfax.testing import left_padded, reference_generate, save_tiny
 
 PROMPTS = [[1, 17, 300, 42, 9, 77, 5], [1, 250, 3, 88]]
-NEW = generation.TRANSPOSE_FROM_STEPS
+NEW = decode_layout.TRANSPOSE_FROM_STEPS
 PROJECTIONS = [
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -53,31 +53,36 @@ def untied(tmp_path_factory):
     return llama(tmp_path_factory.mktemp("llama-untied"), tied=False)
 
 
-def static(model, prompts, new):
-    return generation.start(model, *left_padded(prompts), max_new_tokens=new).static
+def steps(model, prompts, new):
+    """The steps the decode loop ``generate`` runs for ``new`` tokens can run (the bucket's)."""
+    return generation.start(
+        model, *left_padded(prompts), max_new_tokens=new
+    ).static.decoding.capacity
 
 
 def test_which_loops_transpose_which_weights(untied, tmp_path):
     _, model = untied
-    loop = static(model, PROMPTS, NEW)
+    loop = steps(model, PROMPTS, NEW)
     expected = {f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJECTIONS} | {
         "lm_head.weight"
     }
-    assert generation._transposed_weights(model, loop, rows=2) == expected
+    assert decode_layout.transposed_weights(model, rows=2, steps=loop) == expected
     assert (
-        generation._transposed_weights(model, loop, rows=1) == frozenset()
+        decode_layout.transposed_weights(model, rows=1, steps=loop) == frozenset()
     )  # matrix-vector: as it is
-    short = static(model, PROMPTS, NEW // 2)
+    short = steps(model, PROMPTS, NEW // 2)
     assert (
-        generation._transposed_weights(model, short, rows=2) == frozenset()
+        decode_layout.transposed_weights(model, rows=2, steps=short) == frozenset()
     )  # the copy would not pay
     # Tied: the table serves the embedding (rows gathered) and the output layer; it keeps its layout.
     _, tied = llama(tmp_path / "tied", tied=True)
-    assert generation._transposed_weights(tied, loop, rows=2) == expected - {"lm_head.weight"}
+    assert decode_layout.transposed_weights(tied, rows=2, steps=loop) == expected - {
+        "lm_head.weight"
+    }
     # 16-bit weights: from eight rows (two and four measured no faster).
     _, half = llama(tmp_path / "bf16", tied=False, dtype="bfloat16")
-    assert generation._transposed_weights(half, loop, rows=4) == frozenset()
-    assert generation._transposed_weights(half, loop, rows=8) == expected
+    assert decode_layout.transposed_weights(half, rows=4, steps=loop) == frozenset()
+    assert decode_layout.transposed_weights(half, rows=8, steps=loop) == expected
 
 
 def test_decode_loop_multiplies_by_the_transposed_copy(untied):

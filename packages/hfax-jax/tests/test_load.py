@@ -32,8 +32,9 @@ def test_a_model_without_a_family_plugin_loads_through_transformers(tmp_path, ca
     )
 
 
-def test_gguf_and_other_arguments_load_through_transformers(saved):
-    path = saved("llama", torch.float32)
+def test_gguf_and_other_arguments_load_through_transformers(tmp_path):
+    path = tmp_path / "llama"
+    save_tiny(tiny_config("llama"), path)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(tiny_config("llama"))
     for kwargs in ({"gguf_file": "model.gguf"}, {"device_map": "cpu"}, {"dtype": {"": "float32"}}):

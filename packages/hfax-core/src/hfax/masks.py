@@ -138,7 +138,9 @@ def _uses_masking_utils(module: Any) -> bool:
     return True  # not a transformers model class: assume it follows transformers' conventions
 
 
-def attention_mask(mask_plan: MaskPlan, valid: Any, query_slots: Any, dtype: Any) -> Any:
+def attention_mask(
+    mask_plan: MaskPlan, valid: Any, query_slots: Any, dtype: Any, blocks: Any = None
+) -> Any:
     """The ``attention_mask`` argument for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
 
     ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token. Under
@@ -146,14 +148,27 @@ def attention_mask(mask_plan: MaskPlan, valid: Any, query_slots: Any, dtype: Any
     """
     if mask_plan.two_d:
         return valid.long()
-    return build(dict(mask_plan.spans), valid, query_slots, dtype)
+    return build(dict(mask_plan.spans), valid, query_slots, dtype, blocks)
 
 
-def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any) -> Any:
+def block_ids(module: Any) -> Any:
+    """The function of ``module``'s modeling file that numbers its images' token blocks from
+    ``token_type_ids`` (Gemma 3's ``get_block_sequence_ids_for_mask``: an image's tokens see each other),
+    or ``None``."""
+    import sys
+
+    namespace = sys.modules.get(type(module).__module__)
+    return getattr(namespace, "get_block_sequence_ids_for_mask", None)
+
+
+def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any,
+          blocks: Any = None) -> Any:  # fmt: skip
     """Additive masks for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
 
     ``spans`` maps layer types to a :class:`Span` (or a sliding window, ``None`` = full attention).
     ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token.
+    ``blocks`` (``[batch, length]``, or ``None``) numbers blocks of slots whose tokens all see each other
+    (an image's, as transformers' ``block_sequence_ids``; -1 outside any): within the window, as causal.
     Returns one ``[batch, 1, q, length]`` mask of ``dtype``, or a dict by layer type when the model mixes
     types. Runs on any torch device (XLA, torchax's JAX tensors, CPU).
     """
@@ -162,6 +177,11 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
     slots = torch.arange(valid.shape[1], device=valid.device)
     keys, queries = slots[None, :], query_slots[:, None]
     causal = keys <= queries
+    if blocks is not None:  # numbered over the prompt; slots after it (the new tokens) are in none
+        blocks = torch.nn.functional.pad(blocks, (0, valid.shape[1] - blocks.shape[1]), value=-1)
+        query_blocks = blocks[:, query_slots]
+        same = (query_blocks[:, :, None] == blocks[:, None, :]) & (query_blocks >= 0)[:, :, None]
+        causal = (causal[None] | same)[:, None]  # [batch, 1, q, length]
     blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
     masks = {}
     for kind, span in spans.items():
@@ -169,7 +189,7 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
         allowed = causal
         if span.window is not None:
             allowed = allowed & (keys > queries - span.window)
-        allowed = allowed[None, None] & valid[:, None, None, :]
+        allowed = (allowed if blocks is not None else allowed[None, None]) & valid[:, None, None, :]
         if span.chunk is not None:  # by position, which left padding shifts against the slot
             positions = torch.div(
                 torch.cumsum(valid.long(), dim=1) - 1, span.chunk, rounding_mode="floor"

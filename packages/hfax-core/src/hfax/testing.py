@@ -184,6 +184,90 @@ def tiny_config(name: str) -> Any:
     )
 
 
+#: The multimodal models every backend's generate is tested on, by name: their transformers auto class.
+MULTIMODAL = {
+    "llava": "AutoModelForImageTextToText",
+    "qwen2_vl": "AutoModelForImageTextToText",
+    "gemma3": "AutoModelForImageTextToText",
+    "whisper": "AutoModelForSpeechSeq2Seq",
+}
+#: The image placeholder token of :func:`tiny_multimodal_config`'s models, and how many each image takes.
+IMAGE_TOKEN = 3
+IMAGE_TOKENS = {"llava": 16, "qwen2_vl": 4, "gemma3": 4}
+
+
+def tiny_multimodal_config(name: str) -> Any:
+    """A tiny config of one of :data:`MULTIMODAL` (2 layers, hidden size 32, 16 x 16 images in 4 x 4
+    patches; Whisper: 8 mel bins, 32 frames); :func:`multimodal_inputs` is what its processor returns."""
+    import transformers
+
+    text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    encoder = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   image_size=16, patch_size=4)  # fmt: skip
+    if name == "llava":
+        return transformers.LlavaConfig(
+            vision_config=transformers.CLIPVisionConfig(**encoder, projection_dim=32),
+            text_config=transformers.LlamaConfig(**text), image_token_id=IMAGE_TOKEN,
+            projector_hidden_act="gelu", vision_feature_layer=-1,
+        )  # fmt: skip
+    if name == "qwen2_vl":
+        rope = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}
+        vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=4,
+                      spatial_merge_size=2, temporal_patch_size=2, in_chans=3)  # fmt: skip
+        return transformers.Qwen2VLConfig(
+            text_config=dict(**text, rope_parameters=rope), vision_config=vision,
+            image_token_id=IMAGE_TOKEN, video_token_id=4, vision_start_token_id=5,
+            vision_end_token_id=6,
+        )  # fmt: skip
+    if name == "gemma3":
+        return transformers.Gemma3Config(
+            vision_config=transformers.SiglipVisionConfig(**encoder),
+            text_config=transformers.Gemma3TextConfig(
+                **{**text, "num_key_value_heads": 1}, head_dim=8, sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+            mm_tokens_per_image=4, image_token_index=IMAGE_TOKEN, boi_token_index=4,
+            eoi_token_index=5,
+        )  # fmt: skip
+    if name == "whisper":
+        return transformers.WhisperConfig(
+            vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16, max_target_positions=64,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+            suppress_tokens=[], begin_suppress_tokens=[],
+        )  # fmt: skip
+    raise ValueError(f"no tiny multimodal config called {name!r}; there are {sorted(MULTIMODAL)}")
+
+
+def multimodal_inputs(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]:
+    """What the processor of :func:`tiny_multimodal_config` ``name`` returns for up to two prompts with
+    one image each (Whisper: audio features): image tokens expanded in ``input_ids``, left padding, and the
+    model's own extra inputs (Qwen2-VL's image grid and token types, Gemma 3's token types)."""
+    rng = np.random.default_rng(seed)
+    if name == "whisper":
+        return {"input_features": rng.standard_normal((batch, 8, 32)).astype(np.float32)}
+    image = [IMAGE_TOKEN] * IMAGE_TOKENS[name]
+    if name == "qwen2_vl":  # between its vision start and end tokens, as its processor writes them
+        image = [5, *image, 6]
+    rows = [[1, 7, *image, 9, 10], [1, *image, 11, 12, 13, 14]][:batch]
+    ids, mask = left_padded(rows)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if (
+        name == "qwen2_vl"
+    ):  # 16 patches of 3 x 2 x 4 x 4 values per image, merged 2 x 2 into 4 tokens
+        inputs["pixel_values"] = rng.standard_normal((batch * 16, 96)).astype(np.float32)
+        inputs["image_grid_thw"] = np.array([[1, 4, 4]] * batch)
+        inputs["mm_token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
+    else:
+        inputs["pixel_values"] = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+    if name == "gemma3":
+        inputs["token_type_ids"] = (ids == IMAGE_TOKEN).astype(np.int64)
+    return inputs
+
+
 def as_numpy(value: Any) -> np.ndarray:
     """A backend's result (a JAX array, a torch tensor on any device, numpy) as a numpy array."""
     if hasattr(value, "detach"):

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hfax.generation import inputs as model_inputs
 from hfax.generation import outputs, settings, tokens
 from hfax.generation.shapes import MIN_LENGTH_BUCKET, STREAM_CHUNK, accepts, bucket, pad_prompts
 
@@ -50,16 +51,24 @@ class Plan:
     """A request in its bucket, as an engine receives it.
 
     ``ids``/``mask`` are the decoder's prompt rows left-padded into the bucket (``int32``/``bool``);
-    ``source`` the encoder's ``(ids, mask)`` padded on the right, or ``None``; ``decoding`` the loop's
-    static structure; ``arrays`` its traced settings (:func:`hfax.generation.tokens.host_arrays`).
+    ``source`` the encoder's inputs by name (text ids and mask padded on the right), or ``None``;
+    ``decoding`` the loop's static structure; ``arrays`` its traced settings
+    (:func:`hfax.generation.tokens.host_arrays`).
+
+    ``inputs`` are a decoder-only model's other inputs for prefill only, by ``forward`` name (images,
+    their sizes, token types laid out like ``ids`` and padded with them; ``position_ids`` where the model's
+    positions are multimodal); ``offsets`` (``[rows]``, or ``None``) is then added to the position of every
+    token after the prompt. Rows that only fill the bucket hold no image: one filler token.
     """
 
     ids: np.ndarray
     mask: np.ndarray
-    source: tuple[np.ndarray, np.ndarray] | None
+    source: dict[str, np.ndarray] | None
     decoding: tokens.Decoding
     arrays: dict[str, Any]
     positions: bool  # whether the model takes position_ids (else its prompt keeps its own length)
+    inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    offsets: np.ndarray | None = None
 
 
 class Engine(Protocol):
@@ -90,14 +99,20 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
     """Pad ``request`` into its bucket and split its settings into static structure and traced arrays."""
     encoder_decoder = request.source is not None
     positions = accepts(model.module, "position_ids") and not encoder_decoder
-    length = None if positions or encoder_decoder else request.ids.shape[1]
-    ids, mask = pad_prompts(request.ids, request.mask, request.filler, engine.row_multiple * request.expand,
-                            length=1 if encoder_decoder else length)  # fmt: skip
-    source = None
-    if encoder_decoder:
-        source = pad_prompts(
-            *request.source, request.filler, engine.row_multiple * request.expand, left=False
-        )
+    length = None if positions else request.ids.shape[1]
+    multiple = engine.row_multiple * request.expand
+    ids, mask = pad_prompts(request.ids, request.mask, request.filler, multiple, length=length)
+    source = _padded_source(request, multiple, ids.shape[0]) if encoder_decoder else None
+    inputs, offsets = {}, None
+    if request.inputs and not encoder_decoder:
+        ids[request.rows :], mask[request.rows :] = request.filler, False
+        mask[request.rows :, -1] = True
+        aligned = model_inputs.row_aligned(request.inputs, request.ids.shape)
+        for name, value in request.inputs.items():
+            inputs[name] = _left_padded(value, ids.shape) if name in aligned else value
+        rope = model_inputs.positions(model.module, ids, mask, inputs)
+        if rope is not None:
+            inputs["position_ids"], offsets = rope
     config = request.config
     keep = max(2, 1 + len(request.eos)) * request.num_beams
     decoding = tokens.Decoding(
@@ -111,7 +126,32 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
     )
-    return Plan(ids, mask, source, decoding, tokens.host_arrays(request), positions)
+    return Plan(
+        ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
+    )
+
+
+def _padded_source(request: settings.Request, multiple: int, rows: int) -> dict[str, np.ndarray]:
+    """The encoder's inputs with the decoder's rows: text on the right into its length bucket, other
+    inputs (features) with filler rows repeating row 0."""
+    source = dict(request.source)
+    if "input_ids" in source:
+        text, text_mask = pad_prompts(
+            source["input_ids"], source["attention_mask"].astype(bool), request.filler, multiple,
+            left=False,
+        )  # fmt: skip
+        source["input_ids"], source["attention_mask"] = text, text_mask.astype(np.int32)
+    for name, value in source.items():
+        if value.shape[0] < rows:
+            source[name] = np.concatenate([value, np.repeat(value[:1], rows - value.shape[0], 0)])
+    return source
+
+
+def _left_padded(value: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """An input laid out like the prompt's ids, padded as they are (zeros in padding and filler rows)."""
+    padded = np.zeros(shape, value.dtype)
+    padded[: value.shape[0], shape[1] - value.shape[1] :] = value
+    return padded
 
 
 def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = None, *,
@@ -119,6 +159,8 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
+    if input_ids is None:  # an encoder's features (Whisper): the result takes their array type
+        input_ids = options.get(getattr(model.module, "main_input_name", ""))
     kind = outputs.array_kind(input_ids)
     started, (compiles, compile_seconds) = time.perf_counter(), engine.counters()
     if streamer is not None:
@@ -142,6 +184,8 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
         compiles=after_compiles - compiles,
     )
     config = request.config
+    if request.finish is not None and not config.return_dict_in_generate:
+        sequences = request.finish(sequences)
     return outputs.assemble(
         sequences, kind, input_ids, request.source is not None, request.num_beams > 1,
         bool(config.return_dict_in_generate), extras,
@@ -158,7 +202,8 @@ def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) ->
     sent = 0
     while True:
         limit = min(sent + chunk, request.max_new)
-        run = engine.advance(run, limit)
+        if limit > 1:  # `start` chose the first new token: one token needs no decode program
+            run = engine.advance(run, limit)
         state = engine.read(run)
         step = int(state["step"])
         new = state["ids"][:rows, prompt : prompt + step]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hfax.generation import inputs as model_inputs
 from hfax.generation import processors
 from hfax.generation.shapes import as_ids
 
@@ -48,15 +49,18 @@ class Request:
     """Everything a ``generate`` call asks for, settled on the host.
 
     ``ids``/``mask`` are the decoder's prompt rows after expansion (``expand`` rows per caller row: the
-    beams or the returned sequences), ``source`` the encoder's ``(ids, mask)`` for an encoder-decoder.
+    beams or the returned sequences), ``source`` the encoder's inputs by ``forward`` name for an
+    encoder-decoder (``input_ids`` and ``attention_mask``, or ``input_features``), ``inputs`` a decoder-only
+    model's other inputs (images, their sizes, token types: :mod:`hfax.generation.inputs`), run in prefill.
     ``width`` is the length transformers counts as the input (``cur_len`` before the first new token).
     ``steps`` are the logits processors (:mod:`hfax.generation.processors`); ``stop`` transformers'
-    ``StopStringCriteria`` (checked on the host) or ``None``.
+    ``StopStringCriteria`` (checked on the host) or ``None``. ``finish`` turns the sequences into the
+    model's own result where its ``generate`` differs (Whisper's cuts its prompt).
     """
 
     ids: np.ndarray
     mask: np.ndarray
-    source: tuple[np.ndarray, np.ndarray] | None
+    source: dict[str, np.ndarray] | None
     batch: int
     expand: int
     config: Any
@@ -72,6 +76,8 @@ class Request:
     stop: Any = None
     deadline: float | None = None
     vocab: int = 0
+    inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    finish: Any = None
 
     @property
     def rows(self) -> int:
@@ -87,25 +93,6 @@ def _refuse_arguments(options: dict[str, Any]) -> None:
             and not (hasattr(value, "__len__") and not len(value))
         ):
             raise NotImplementedError(f"hfax's generate does not take {name}: {why}")
-
-
-def _check_leftovers(module: Any, leftovers: dict[str, Any]) -> None:
-    """transformers hands back what is not a generation setting: model inputs, or mistakes."""
-    import inspect
-
-    inputs = set(inspect.signature(module.forward).parameters)
-    for name in sorted(leftovers):
-        if name in inputs:
-            raise NotImplementedError(
-                f"hfax's generate takes input_ids and attention_mask as the model's inputs; {name!r} is "
-                f"an input of {type(module).__name__} it does not pass yet. Run the forward with hfax "
-                "(model(...)), or transformers' own generate"
-            )
-        raise TypeError(
-            f"generate() got an unexpected keyword argument {name!r}: it is neither a GenerationConfig "
-            f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, rng, "
-            "generation_config and tokenizer)"
-        )
 
 
 def _check_fields(config: Any, features: frozenset[str]) -> str:
@@ -250,7 +237,8 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     """Settle a ``generate`` call the way transformers would, or refuse it with an error naming why.
 
     ``model`` has ``module`` (the PyTorch model), ``config`` and ``generation_config``; ``options`` are
-    generate's keyword arguments other than ``streamer``; ``features`` what the backend's engine runs
+    generate's keyword arguments other than ``streamer``: settings, and the model's other inputs
+    (``pixel_values``, ``input_features``, ...); ``features`` what the backend's engine runs
     (``"beams"``, ``"encoder_decoder"``).
     """
     import torch
@@ -262,6 +250,7 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     seed, rng = options.pop("seed", None), options.pop("rng", None)
     tokenizer = options.pop("tokenizer", None)
     generation_config = options.pop("generation_config", None)
+    whisper = model_inputs.whisper_options(options) if model_inputs.is_whisper(module) else None
     _refuse_arguments(options)
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
         _count(name, options.get(name))
@@ -275,7 +264,7 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     mode = _check_fields(
         config, features
     )  # first: it names settings transformers passes on as inputs
-    _check_leftovers(module, leftovers)
+    extra = model_inputs.collect(module, leftovers)
     _check_ranges(config)
     _check_token_ids(config)
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
@@ -285,8 +274,10 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     if encoder_decoder and "encoder_decoder" not in features:
         raise NotImplementedError("this backend's generate does not run encoder-decoder models")
-    ids = as_ids("input_ids", input_ids)
-    _check_ids(ids, vocab)
+    main = _main_input(module, input_ids, extra, encoder_decoder)
+    ids = main if input_ids is None else as_ids("input_ids", input_ids)
+    if input_ids is not None:
+        _check_ids(ids, vocab)
     batch = ids.shape[0]
     module._prepare_special_tokens(
         config, attention_mask is not None, device="cpu", batch_size=batch
@@ -294,32 +285,41 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     eos = _ids_list(config._eos_token_tensor)
     pad_tensor = config._pad_token_tensor
     pad = None if pad_tensor is None else int(pad_tensor)
-    mask = _mask(ids, attention_mask, pad, eos)
+    mask = _mask(ids, attention_mask, pad, eos) if input_ids is not None else None
     filler = pad if pad is not None and 0 <= pad < vocab else 0  # what padding slots hold on device
 
-    source = None
+    source, finish = None, None
     if encoder_decoder:
-        source = (ids, mask)
-        start = config._decoder_start_token_tensor
-        if start is None:
-            raise ValueError(
-                f"{type(module).__name__} is an encoder-decoder without a decoder_start_token_id (or "
-                "bos_token_id) in its generation config; set model.generation_config.decoder_start_token_id"
+        source = _encoder_inputs(module, ids if input_ids is not None else None, mask, extra)
+        decoder_ids = extra.pop("decoder_input_ids", None)
+        if whisper is not None:
+            decoder_ids = model_inputs.whisper_prompt(
+                module, config, source["input_features"], whisper
             )
-        start = np.asarray(start).reshape(-1)
-        ids = np.broadcast_to(start[:, None] if start.size > 1 else start[None], (batch, 1)).astype(
-            np.int64
-        )
+            has_default["max_length"] = (
+                False  # Whisper's own rule set it (20 new tokens by default)
+            )
+            width = decoder_ids.shape[1]
+            finish = lambda sequences: model_inputs.whisper_result(sequences, width, eos, filler)  # noqa: E731
+        if decoder_ids is None:
+            decoder_ids = _start_tokens(module, config, batch)
+        ids = as_ids("decoder_input_ids", decoder_ids)
+        _check_ids(ids, vocab, "decoder_input_ids")
+        if ids.shape[0] != batch:
+            raise ValueError(
+                f"decoder_input_ids has {ids.shape[0]} rows but the encoder's input {batch}"
+            )
         mask = np.ones_like(ids, dtype=bool)
     width = ids.shape[1]
     torch_ids = torch.from_numpy(ids)
+    encoder_ids = torch.from_numpy(next(iter(source.values()))) if source else torch_ids
     config = module._prepare_generated_length(
         generation_config=config,
         has_default_max_length=has_default["max_length"],
         has_default_min_length=has_default["min_length"],
         model_input_name="input_ids",
         input_ids_length=width,
-        inputs_tensor=torch.from_numpy(source[0] if source else ids),
+        inputs_tensor=encoder_ids,
     )
     module._validate_generated_length(config, width, has_default["max_length"])
     _check_positions(model, width, config.max_length, source)
@@ -332,7 +332,7 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         module._get_logits_processor(
             generation_config=config,
             input_ids_seq_length=width,
-            encoder_input_ids=torch.from_numpy(source[0]) if source else torch_ids,
+            encoder_input_ids=encoder_ids,
             prefix_allowed_tokens_fn=None,
             logits_processor=LogitsProcessorList(),
             device="cpu",
@@ -349,9 +349,11 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         raise NotImplementedError("hfax's beam search does not take stop_strings; use eos_token_id")
     deadline = time.monotonic() + config.max_time if config.max_time is not None else None
     if expand > 1:
-        ids, mask = np.repeat(ids, expand, axis=0), np.repeat(mask, expand, axis=0)
         if source is not None:
-            source = (np.repeat(source[0], expand, axis=0), np.repeat(source[1], expand, axis=0))
+            source = {name: np.repeat(value, expand, axis=0) for name, value in source.items()}
+        elif extra:
+            extra = model_inputs.expand(extra, batch, expand)
+        ids, mask = np.repeat(ids, expand, axis=0), np.repeat(mask, expand, axis=0)
     return Request(
         ids=ids,
         mask=mask,
@@ -371,15 +373,67 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
         stop=stop,
         deadline=deadline,
         vocab=vocab,
+        inputs=extra,
+        finish=finish,
+    )
+
+
+def _main_input(
+    module: Any, input_ids: Any, extra: dict[str, np.ndarray], encoder_decoder: bool
+) -> Any:
+    """The encoder's main input when it is not ``input_ids`` (Whisper's ``input_features``), else ``None``;
+    an error when the call has neither."""
+    name = getattr(module, "main_input_name", "input_ids")
+    if input_ids is not None:
+        return None
+    if encoder_decoder and name != "input_ids" and name in extra:
+        return extra[name]
+    raise ValueError(
+        f"generate needs input_ids{f' or {name}' if encoder_decoder and name != 'input_ids' else ''} "
+        f"({type(module).__name__}'s processor returns them): pass the processor's output, "
+        "model.generate(**inputs)"
+    )
+
+
+def _encoder_inputs(module: Any, ids: np.ndarray | None, mask: np.ndarray | None,
+                    extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # fmt: skip
+    """The encoder's inputs by name: the source ids and mask, or the main input (``input_features``), with
+    the call's other inputs the encoder takes; any the encoder does not take is refused."""
+    import inspect
+
+    accepted = set(inspect.signature(module.get_encoder().forward).parameters)
+    source = {} if ids is None else {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
+    for name in sorted(extra):
+        if name == "decoder_input_ids":
+            continue
+        if name not in accepted:
+            raise NotImplementedError(
+                f"hfax's generate passes an encoder-decoder's inputs to its encoder, which does not take {name}"
+            )
+        source[name] = extra.pop(name)
+    return source
+
+
+def _start_tokens(module: Any, config: Any, batch: int) -> np.ndarray:
+    start = config._decoder_start_token_tensor
+    if start is None:
+        raise ValueError(
+            f"{type(module).__name__} is an encoder-decoder without a decoder_start_token_id (or "
+            "bos_token_id) in its generation config; set model.generation_config.decoder_start_token_id"
+        )
+    start = np.asarray(start).reshape(-1)
+    return np.broadcast_to(start[:, None] if start.size > 1 else start[None], (batch, 1)).astype(
+        np.int64
     )
 
 
 def _check_positions(model: Any, width: int, max_length: int, source: Any) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
-    needed = max(max_length, source[0].shape[1] if source else 0)
+    text = source.get("input_ids") if source else None
+    needed = max(max_length, text.shape[1] if text is not None else 0)
     if limit and limit > 0 and needed > limit:  # -1: unbounded (XLNet)
         raise ValueError(
-            f"the prompt ({width if source is None else source[0].shape[1]} tokens) and the tokens asked for "
+            f"the prompt ({width if text is None else text.shape[1]} tokens) and the tokens asked for "
             f"need {needed} positions, more than the model's max_position_embeddings ({limit}); shorten the "
             "prompt or ask for fewer tokens"
         )

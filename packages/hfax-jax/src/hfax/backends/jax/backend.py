@@ -7,7 +7,7 @@ from typing import Any
 import jax
 
 from hfax.backends.jax import monitor, pytrees
-from hfax.backends.jax.mesh import adopt
+from hfax.backends.jax.mesh import adopt, make_mesh
 from hfax.backends.jax.model import JaxModel
 
 
@@ -23,6 +23,10 @@ class JaxBackend:
     def adopt_mesh(self, mesh: Any, axis_names: Any = None) -> Any:
         """A user's ``jax.sharding.Mesh`` as hfax uses it; see :func:`hfax.backends.jax.mesh.adopt`."""
         return mesh if mesh is None else adopt(mesh, axis_names)
+
+    def make_mesh(self, **axis_sizes: int) -> Any:
+        """``hfax.make_mesh``: see :func:`hfax.backends.jax.mesh.make_mesh`."""
+        return make_mesh(**axis_sizes)
 
     def devices(self) -> list[str]:
         return [f"{device.platform}:{device.id}" for device in jax.devices()]

@@ -15,7 +15,6 @@ multi-host mesh reads the same result.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -29,7 +28,8 @@ import torch
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
-from hfax.backends.jax import lowerings, mesh, monitor, pytrees
+from hfax.backends.jax import constants as held
+from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
 from hfax.generation.shapes import accepts
@@ -37,7 +37,11 @@ from hfax.generation.shapes import accepts
 
 @dataclasses.dataclass(frozen=True)
 class Static:
-    """Everything about one generate program that fixes its shape or structure (hashable, for ``jax.jit``)."""
+    """Everything about one generate program that fixes its shape or structure (hashable, for ``jax.jit``).
+
+    ``constants`` are the prefill's model inputs read as constants (:class:`~hfax.backends.jax.constants.Constant`); ``blocks`` says the
+    prefill's mask lets an image's tokens see each other (from ``token_type_ids``, as Gemma 3's does).
+    """
 
     decoding: tokens.Decoding
     layer_types: tuple[tuple[str, int], ...] | None
@@ -46,6 +50,8 @@ class Static:
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
+    constants: tuple[held.Constant, ...] = ()
+    blocks: bool = False
 
     @property
     def attends(self) -> bool:
@@ -67,29 +73,41 @@ def _step(
     source: Any = None,
     at: Any = None,
     masked: bool = True,
-    transposed: frozenset[str] = frozenset(),
+    inputs: Any = None,
+    *,
+    layout: decode_layout.DecodeLayout,
 ) -> Any:
     """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
 
     ``valid`` (``[batch, slots]``, bool) says which slots hold real tokens; the attention mask comes from it
     through ``hfax.masks``, unless not ``masked`` (a recurrent model decoding needs none). An
-    encoder-decoder decodes ``ids`` against ``source``: the encoder's input ``{"ids", "mask"}`` on the first
-    step, which runs the encoder, its output ``{"encoded", "mask"}`` after. A model without a cache reads
-    all of ``ids`` and gives the logits at position ``at``. The ``transposed`` weights of ``params`` are held
-    ``[in, out]`` (see :func:`_transposed_weights`) and given to the model as the ``[out, in]`` it expects.
+    encoder-decoder decodes ``ids`` against ``source``: the encoder's inputs by name on the first step,
+    which runs the encoder, its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. A
+    decoder-only prefill passes ``inputs`` (a dict of the model's other inputs, images included) and
+    ``static.constants`` to the model as well. A model without a cache reads
+    all of ``ids`` and gives the logits at position ``at``. ``params`` are held as ``layout`` says
+    (:mod:`~hfax.backends.jax.decode_layout`): its transposed weights are given to the model as the ``[out, in]``
+    it expects.
     Returns the last (or ``at``) position's logits, the cache states and the encoder's output (``None``
     without an encoder).
     """
     length = valid.shape[1]
-    tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource = to_tensor(
-        (params, ids, positions, valid, query_slots, slot, states, source)
+    constants = inputs is not None and bool(static.constants)
+    if constants:
+        inputs = {**inputs, **{constant.name: constant.array() for constant in static.constants}}
+    tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource, tinputs = to_tensor(
+        (params, ids, positions, valid, query_slots, slot, states, source, inputs)
     )
-    with env(), lowerings.row_products(_loop_reads_16_bits(model)):
+    folding = held.folding(constants)
+    with env(), lowerings.row_products(layout.row_products), folding:
         tparams = {
-            name: value.T if name in transposed else value for name, value in tparams.items()
+            name: value.T if name in layout.transposed else value for name, value in tparams.items()
         }
+        blocks = None
+        if static.blocks and tinputs is not None:
+            blocks = masks.block_ids(model.module)(tinputs["token_type_ids"])
         tmask = (
-            masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype)
+            masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype, blocks)
             if masked
             else None
         )
@@ -99,17 +117,16 @@ def _step(
             ):  # the first step: the encoder runs alone, as in transformers' generate
                 encoder = _Encoder(model.module)
                 encoded = torch.func.functional_call(
-                    encoder,
-                    _prefixed(tparams),
-                    (tsource["ids"], tsource["mask"]),
-                    tie_weights=True,
-                    strict=False,
+                    encoder, _prefixed(tparams), (), dict(tsource), tie_weights=True, strict=False
                 )
-                tsource = {"encoded": encoded, "mask": tsource["mask"]}
+                mask = tsource.get("attention_mask")
+                tsource = (
+                    {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
+                )
             cache = _encoder_decoder_cache(length, tslot, tstates, tsource)
-            kwargs: dict[str, Any] = dict(
-                decoder_input_ids=tids, decoder_attention_mask=tmask, attention_mask=tsource["mask"]
-            )
+            kwargs: dict[str, Any] = dict(decoder_input_ids=tids, decoder_attention_mask=tmask)
+            if "mask" in tsource:
+                kwargs["attention_mask"] = tsource["mask"]
             kwargs["encoder_outputs"] = tsource["encoded"]
         else:
             cache = None
@@ -120,7 +137,7 @@ def _step(
                     tslot,
                     static.layer_types,
                     tstates,
-                    in_place=_in_place(model, static),
+                    in_place=layout.in_place_cache,
                     dtype=dtype,
                 )
             kwargs = dict(input_ids=tids, attention_mask=tmask)
@@ -128,6 +145,8 @@ def _step(
             kwargs.update({static.cache_argument: cache, "use_cache": True})
         if static.pass_positions:
             kwargs["position_ids"] = tpositions
+        if tinputs is not None and not static.encoder_decoder:
+            kwargs.update(tinputs)  # multimodal positions replace the plain ones
         if static.logits_to_keep and cache is not None:
             kwargs["logits_to_keep"] = 1
         output = torch.func.functional_call(
@@ -156,73 +175,6 @@ def _step(
     return logits.astype(jnp.float32), new_states, hidden
 
 
-def _loop_reads_16_bits(model: Any) -> bool:
-    """Whether the decode loop carries the weights and multiplies 16-bit rows as they are (on one CPU device).
-
-    XLA:CPU multiplies 16-bit weights by converting them to float32, and hoists a conversion of loop-invariant
-    weights out of the loop: each step then reads float32. Carried through the loop (past an optimization
-    barrier) the weights are no longer invariant, and with :func:`lowerings.row_products` each step reads
-    them in 16 bits (see there for the numbers; resident memory also drops by the float32 copy).
-    """
-    dtype = model.dtype
-    return (
-        model.platform == "cpu"
-        and model.mesh is None
-        and jnp.issubdtype(dtype, jnp.floating)
-        and jnp.finfo(dtype).bits == 16
-    )
-
-
-#: The fewest decode steps a loop must be able to run for :func:`_transposed_weights` to transpose the weights
-#: (the copy costs about 30 steps' savings on the benchmark Llama).
-TRANSPOSE_FROM_STEPS = 64
-
-
-def _transposed_weights(model: Any, static: Static, rows: int) -> frozenset[str]:
-    """The weights a decode loop of ``static.decoding.capacity`` steps over ``rows`` rows reads transposed, ``[in, out]``.
-
-    On one CPU device, XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's
-    ``[out, in]``. On the benchmark Llama with 128 new tokens, tok/s with the copy against without (A/B runs
-    of ``benchmarks/decode.py``; docs/PERFORMANCE.md has a whole run with it): float32 at batch 2, 4 and 8:
-    55-61 / 51, 118-121 / 88-91, 189 / 159 (prompt 32; 159 / 126 at prompt 512); bfloat16 at batch 2: 88-94
-    / 100-108, batch 4: even, batch 8: 272 / 244. ``decode`` transposes a copy of every ``nn.Linear`` weight
-    before its loop, which holds memory for the copy while it runs and costs about 30 steps' savings in
-    time: so for float32 from two rows, for 16-bit weights from eight, and only for loops of
-    :data:`TRANSPOSE_FROM_STEPS` steps or more. One row (a matrix-vector product) reads the ``[out, in]``
-    matrix as fast or faster; other platforms and meshes choose their own layouts. A weight tied to another
-    (an embedding that is also the output layer) stays as it is, as its other use wants its own layout.
-    """
-    if (
-        model.platform != "cpu"
-        or model.mesh is not None
-        or static.decoding.capacity < TRANSPOSE_FROM_STEPS
-    ):
-        return frozenset()
-    if rows < (8 if _loop_reads_16_bits(model) else 2):
-        return frozenset()
-    uses = collections.Counter(
-        id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False)
-    )
-    return frozenset(
-        f"{prefix}.weight"
-        for prefix, module in model.module.named_modules()
-        if isinstance(module, torch.nn.Linear)
-        and f"{prefix}.weight" in model.params
-        and uses[id(module.weight)] == 1
-    )
-
-
-def _in_place(model: Any, static: Static) -> bool:
-    """Whether the slot cache updates in place (``cache.SlotCache``): a decoder-only model whose layers are all
-    attention, on one device."""
-    kinds = {kind for kind, _ in static.layer_types or ()}
-    return (
-        model.mesh is None
-        and not static.encoder_decoder
-        and kinds <= set(slot_cache.ATTENTION_TYPES)
-    )
-
-
 class _Encoder(torch.nn.Module):
     """An encoder-decoder's encoder as a module of its own, whose weights keep the full model's names."""
 
@@ -230,8 +182,8 @@ class _Encoder(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: Any, mask: Any) -> Any:
-        return self.model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+    def forward(self, **inputs: Any) -> Any:
+        return self.model.get_encoder()(**inputs, return_dict=True)
 
 
 def _prefixed(params: dict[str, Any]) -> dict[str, Any]:
@@ -243,7 +195,7 @@ def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str
     whose keys and values the first step computes and later steps read."""
     from transformers.cache_utils import EncoderDecoderCache
 
-    source_length = source["mask"].shape[1]
+    source_length = source["encoded"][0].shape[1]
     if states is None:
         return EncoderDecoderCache(
             slot_cache.SlotCache(length, slot), slot_cache.SlotCache(source_length, 0)
@@ -284,20 +236,25 @@ def _whole(model: Any, tree: Any) -> Any:
 
 
 def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, arrays: Any,
-            source: Any = None) -> dict[str, Any]:  # fmt: skip
+            source: Any = None, inputs: Any = None) -> dict[str, Any]:  # fmt: skip
     """Run the prompt, fill the cache, and choose the first new token.
 
-    For an encoder-decoder, ``ids`` is the decoder's start token and ``source`` the encoder's ``{"ids",
-    "mask"}``: the encoder runs here, once.
+    For an encoder-decoder, ``ids`` is the decoder's prompt and ``source`` the encoder's inputs by name:
+    the encoder runs here, once. A decoder-only model's other ``inputs`` (images, ...) run here too, and
+    their ``offsets`` (``[rows]``, multimodal positions) move the positions of the tokens after the prompt.
     """
+    inputs = dict(inputs or {})
+    offsets = inputs.pop("offsets", None)
     batch, length = ids.shape
     capacity = static.decoding.capacity
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
     # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
     # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
+    layout = _layout(model, static, batch, steps=0)
     logits, states, hidden = _step(
-        model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source
-    )
+        model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source,
+        inputs=inputs if not static.encoder_decoder else None, layout=layout,
+    )  # fmt: skip
     decoding = static.decoding
     chosen = _on_torch(
         lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
@@ -306,19 +263,23 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     if static.encoder_decoder:
         states = {**states, "self": slot_cache.grow(states["self"], capacity)}
     else:
-        states = slot_cache.grow(states, capacity, in_place=_in_place(model, static))
+        states = slot_cache.grow(states, capacity, in_place=layout.in_place_cache)
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     state = {"tokens": chosen, "states": states, "valid": valid}
     if static.encoder_decoder:
-        state["source"] = {"encoded": hidden, "mask": source["mask"]}
+        state["source"] = {"encoded": hidden}
+        if "attention_mask" in source:
+            state["source"]["mask"] = source["attention_mask"]
+    if offsets is not None:
+        state["offsets"] = offsets
     return state
 
 
 def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
-           transposed: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
-    """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that reads the
-    ``transposed`` weights (:func:`_transposed_weights`) from a transposed copy."""
+           layout: decode_layout.DecodeLayout) -> dict[str, Any]:  # fmt: skip
+    """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that holds the
+    weights as ``layout`` says."""
     decoding = static.decoding
     prompt_length = decoding.prompt
     seen = jnp.sum(state["valid"][:, :prompt_length], axis=1)
@@ -332,15 +293,15 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         slot = prompt_length + step - 1
         if static.cache_argument:
             last = _on_torch(lambda c: tokens.last_tokens(c, decoding), chosen)
-            positions = (seen + step - 1)[:, None]
+            positions = (seen + step - 1 + state.get("offsets", 0))[:, None]
             logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None],
-                                      slot, state.get("source"), masked=static.attends, transposed=transposed)  # fmt: skip
+                                      slot, state.get("source"), masked=static.attends, layout=layout)  # fmt: skip
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
             valid = state["valid"] & (jnp.arange(length) <= slot)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
             logits, states, _ = _step(model, static, params, [], chosen["ids"], positions, valid, jnp.arange(length), 0,
-                                      at=slot, transposed=transposed)  # fmt: skip
+                                      at=slot, layout=layout)  # fmt: skip
         chosen, reorder = _on_torch(
             lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
         )
@@ -348,11 +309,10 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
             states = jax.tree.map(lambda x: jnp.take(x, reorder, axis=0), states)
         return {**state, "states": states, "tokens": chosen}
 
-    if transposed:
-        params = {name: value.T if name in transposed else value for name, value in params.items()}
-    # Weights that travel with the state (past a barrier) are not loop invariants: no conversion of them leaves
-    # the loop, and a transposed copy is not transposed back.
-    if transposed or _loop_reads_16_bits(model):
+    params = {
+        name: value.T if name in layout.transposed else value for name, value in params.items()
+    }
+    if layout.carries_weights:
         state, _ = jax.lax.while_loop(
             lambda loop: unfinished(loop[0]),
             lambda loop: (advance(*loop), jax.lax.optimization_barrier(loop[1])),
@@ -364,18 +324,25 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
     return {**state, "tokens": _whole(model, state["tokens"])}
 
 
-def prefill_program(
-    model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, arrays: Any, static: Static
-) -> Any:
-    return prefill(model, static, params, ids, prompt_mask, arrays, source)
+def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, arrays: Any,
+                    inputs: Any, static: Static) -> Any:  # fmt: skip
+    return prefill(model, static, params, ids, prompt_mask, arrays, source, inputs)
 
 
 def decode_program(
     model: Any, params: Any, state: Any, limit: Any, arrays: Any, static: Static
 ) -> Any:
-    rows = state["valid"].shape[0]
-    return decode(
-        model, static, params, state, limit, arrays, _transposed_weights(model, static, rows)
+    layout = _layout(model, static, state["valid"].shape[0], static.decoding.capacity)
+    return decode(model, static, params, state, limit, arrays, layout)
+
+
+def _layout(model: Any, static: Static, rows: int, steps: int) -> decode_layout.DecodeLayout:
+    return decode_layout.choose(
+        model,
+        layer_types=static.layer_types,
+        encoder_decoder=static.encoder_decoder,
+        rows=rows,
+        steps=steps,
     )
 
 
@@ -402,9 +369,9 @@ class JaxEngine:
         static = _static(model, plan)
         ids, prompt_mask, source, arrays = self.inputs(plan)
         program = model.program("prefill", prefill_program)
-        return Run(
-            static, arrays, program(model.params, ids, prompt_mask, source, arrays, static=static)
-        )
+        inputs = self.model_inputs(plan, static)
+        state = program(model.params, ids, prompt_mask, source, arrays, inputs, static=static)
+        return Run(static, arrays, state)
 
     def inputs(self, plan: driver.Plan) -> tuple[Any, Any, Any, Any]:
         """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
@@ -413,11 +380,26 @@ class JaxEngine:
         ids, prompt_mask = mesh.shard_batch((plan.ids, plan.mask), mesh_)
         source = None
         if plan.source is not None:
-            source_ids, source_mask = plan.source
-            source = mesh.shard_batch(
-                {"ids": source_ids, "mask": source_mask.astype(np.int32)}, mesh_
-            )
+            source = mesh.shard_batch(_device_dtypes(plan.source), mesh_)
         return ids, prompt_mask, source, mesh.replicate(plan.arrays, mesh_)
+
+    def model_inputs(self, plan: driver.Plan, static: Static) -> dict[str, Any] | None:
+        """A decoder-only prefill's other model inputs as device arrays (``None`` without any): those laid
+        out like the prompt split as its rows, the rest (images, positions) whole on every device; the
+        :class:`~hfax.backends.jax.constants.Constant` ones stay out (the program holds them)."""
+        if not plan.inputs and plan.offsets is None:
+            return None
+        constant = {c.name for c in static.constants}
+        traced = _device_dtypes(
+            {name: value for name, value in plan.inputs.items() if name not in constant}
+        )
+        rows = {name for name, value in traced.items() if value.shape == plan.ids.shape}
+        mesh_ = self.model.mesh
+        placed = mesh.shard_batch({name: traced[name] for name in rows}, mesh_)
+        placed.update(mesh.replicate({n: v for n, v in traced.items() if n not in rows}, mesh_))
+        if plan.offsets is not None:
+            placed["offsets"] = mesh.shard_batch(plan.offsets.astype(np.int32), mesh_)
+        return placed
 
     def advance(self, run: Run, limit: int) -> Run:
         limit_array = mesh.replicate(np.int32(limit), self.model.mesh)
@@ -447,12 +429,32 @@ def _wait(tree: Any) -> None:
     """Wait for the device in short sleeps, so that Ctrl-C reaches Python within a fraction of a second
     (a blocking read would hold it until the whole decode loop ended)."""
     leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    pause = 0.0002  # short at first: a short program's result is read without a whole pause's delay
     while not all(leaf.is_ready() for leaf in leaves):
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+
+
+def _device_dtypes(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """64-bit integers as 32-bit ones, on the host (JAX computes in 32 bits)."""
+    return {
+        name: value.astype(np.int32) if value.dtype == np.int64 else value
+        for name, value in arrays.items()
+    }
+
+
+def _constants(plan: driver.Plan) -> tuple[held.Constant, ...]:
+    """The prefill inputs whose values fix shapes (:mod:`hfax.backends.jax.constants`)."""
+    return tuple(
+        held.Constant(name, value)
+        for name, value in sorted(plan.inputs.items())
+        if held.is_size(name, value, plan.ids.shape)
+    )
 
 
 def _static(model: Any, plan: driver.Plan) -> Static:
     encoder_decoder = plan.source is not None
+    blocks = "token_type_ids" in plan.inputs and masks.block_ids(model.module) is not None
     return Static(
         decoding=plan.decoding,
         layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
@@ -461,6 +463,8 @@ def _static(model: Any, plan: driver.Plan) -> Static:
         pass_positions=plan.positions,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
         encoder_decoder=encoder_decoder,
+        constants=_constants(plan),
+        blocks=blocks,
     )
 
 

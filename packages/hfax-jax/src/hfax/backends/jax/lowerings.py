@@ -141,10 +141,8 @@ def row_products(enabled: bool = True) -> Iterator[None]:
     goes, where the ``einsum`` form becomes a dot that wants float32 weights: converted on every step, or
     once before the loop if the loop lets it hoist the conversion (a float32 copy of every weight, read
     at float32 cost). With the weights carried through the loop (``generation.decode``), the one-row form
-    reads half the bytes of float32: on the benchmark Llama at batch 1, 79.2 tok/s against 59.9 for float32
-    at prompt 32 and 75.7 against 58.6 at prompt 512 in docs/PERFORMANCE.md's run, and 80 against 54 for
-    the hoisted copy in an A/B run of ``benchmarks/decode.py`` (2-core EPYC). For float32 weights, and with
-    more rows, the ``einsum`` form measured as fast or faster, so it stays.
+    reads half the bytes of float32; for float32 weights, and with more rows, the ``einsum`` form is as
+    fast or faster, so it stays (docs/PERFORMANCE.md, "CPU decode layouts", has the measurements).
     """
     token = _ROW_PRODUCTS.set(enabled)
     try:
@@ -174,6 +172,16 @@ def _accumulator(dtype: Any) -> Any:
     )
 
 
+def is_all_true(condition: jax.Array) -> jax.Array:
+    """``torch._check_tensor_all``'s test, with which transformers checks traced values (a VLM's image tokens
+    against its image features). A traced condition cannot stop a compiled program, so it reads as true: the
+    check is skipped under ``jit``, as ``TRANSFORMERS_DISABLE_TORCH_CHECK=1`` skips it in PyTorch."""
+    if isinstance(condition, jax.core.Tracer):
+        with jax.ensure_compile_time_eval():  # concrete: torch's check reads it with `.item()`
+            return jnp.array(True)
+    return jnp.all(condition)
+
+
 #: torch functions and the JAX functions hfax lowers them to.
 LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
     torch.matmul: matmul,
@@ -184,6 +192,7 @@ LOWERINGS: dict[Any, Callable[..., jax.Array]] = {
     torch.nn.functional.scaled_dot_product_attention: scaled_dot_product_attention,
     torch._grouped_mm: grouped_mm,
     torch.ops.aten._grouped_mm.default: grouped_mm,
+    torch.ops.aten._is_all_true.default: is_all_true,
 }
 
 

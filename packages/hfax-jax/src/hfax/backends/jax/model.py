@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax import validation
-from hfax.backends.jax import generation, layout, programs, pytrees
+from hfax import masks, validation
+from hfax.backends.jax import constants, generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.backends.jax.weights import host_tensor
+from hfax.generation import inputs as model_inputs
 from hfax.model import BackendModel
 
 
@@ -105,13 +106,34 @@ class JaxModel(BackendModel):
         arrays: dict[str, Any],
         static: tuple[tuple[str, Any], ...],
     ) -> Any:
-        return self.apply(params, **arrays, **dict(static))
+        held = {name: v.array() for name, v in static if isinstance(v, constants.Constant)}
+        flags = {name: value for name, value in static if name not in held}
+        if "token_type_ids" in arrays and masks.block_ids(self.module) is not None:
+            arrays = {**arrays, "attention_mask": self._block_mask(arrays)}
+        with constants.folding(bool(held)):
+            return self.apply(params, **arrays, **held, **flags)
+
+    def _block_mask(self, arrays: dict[str, Any]) -> Any:
+        """The attention masks of a prompt whose images' tokens see each other (Gemma 3's
+        ``token_type_ids``), from :mod:`hfax.masks`: transformers builds them with ``vmap``, which torchax
+        does not trace."""
+        ids, types = arrays["input_ids"], arrays["token_type_ids"]
+        valid = arrays.get("attention_mask", jnp.ones(ids.shape, bool)).astype(bool)
+        tvalid, ttypes = to_tensor((valid, types))
+        with env():
+            blocks = masks.block_ids(self.module)(ttypes)
+            plan = masks.plan(self.config, self.module)
+            tslots = to_tensor(jnp.arange(ids.shape[1]))
+            mask = masks.attention_mask(plan, tvalid, tslots, self.module.dtype, blocks)
+        return to_array(mask)
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
         inputs = self.named_inputs(args, inputs)
         validation.check_forward_inputs(inputs, validation.vocab_size(self.module))
+        inputs = model_inputs.with_positions(self.module, inputs)
         arrays, static = {}, {}
+        ids_shape = np.shape(inputs["input_ids"]) if "input_ids" in inputs else None
         for name, value in inputs.items():
             if isinstance(value, (np.ndarray, jax.Array, torch.Tensor)):
                 arrays[name] = as_jax(value)
@@ -120,6 +142,8 @@ class JaxModel(BackendModel):
         if any(isinstance(value, jax.core.Tracer) for value in arrays.values()):
             # Inside the caller's jit / grad / vmap: their transformation traces the pure forward.
             return self.apply(self.params, **arrays, **static)
+        for name in [name for name in arrays if constants.is_size(name, arrays[name], ids_shape)]:
+            static[name] = constants.Constant(name, np.asarray(arrays.pop(name)))  # image sizes
         arrays = shard_batch(arrays, self.mesh)
         output = self.program("forward", JaxModel._forward)(
             self.params, arrays, static=tuple(sorted(static.items()))

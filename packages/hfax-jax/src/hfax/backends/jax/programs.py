@@ -91,7 +91,7 @@ class Uncacheable(Exception):
 
 @functools.cache
 def _hfax_compilation_dir() -> str:
-    from hfax.demo import cache_dir as hfax_cache_dir
+    from hfax.user_cache import cache_dir as hfax_cache_dir
 
     path = str(hfax_cache_dir() / "jax")
     try:  # programs in the cache run as the user's code: only the user may write them

@@ -123,11 +123,18 @@ _STATICS: dict[Static, Static] = {}
 
 
 def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, query_slots: Any,
-            static: Static) -> Any:  # fmt: skip
-    """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits."""
+            static: Static, inputs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits.
+    ``inputs`` are the model's other inputs (images, ...: prefill only)."""
+    inputs = inputs or {}
+    blocks = None
+    if "token_type_ids" in inputs and (number := masks.block_ids(module)) is not None:
+        blocks = number(inputs["token_type_ids"])  # an image's tokens see each other (Gemma 3)
     kwargs: dict[str, Any] = dict(
         input_ids=ids.to(torch.int64),
-        attention_mask=masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype),
+        attention_mask=masks.attention_mask(
+            static.mask_plan, valid, query_slots, module.dtype, blocks
+        ),
         past_key_values=cache,
         use_cache=True,
     )
@@ -135,16 +142,18 @@ def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, que
         kwargs["position_ids"] = positions
     if static.logits_to_keep:
         kwargs["logits_to_keep"] = 1
+    kwargs.update(inputs)  # multimodal positions replace the plain ones
     return module(**kwargs).logits[:, -1, :]
 
 
 def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, arrays: Any,
-            static: Static) -> dict[str, Any]:  # fmt: skip
-    """Run the prompt, fill the cache, choose the first new token: the token state after the prompt."""
+            static: Static, inputs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the prompt (and the model's other ``inputs``: its images run through their encoder here),
+    fill the cache, choose the first new token: the token state after the prompt."""
     length = ids.shape[1]
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
     query_slots = torch.arange(length, device=ids.device)
-    logits = _logits(module, cache, ids, positions, valid, query_slots, static)
+    logits = _logits(module, cache, ids, positions, valid, query_slots, static, inputs)
     return tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
 
 
@@ -252,12 +261,17 @@ class TorchXlaEngine:
         if linear.wanted(runtime.platform(), model.mesh, ids.shape[0], decoding.capacity):
             weights = linear.copies(model.module)
         on_device = _on_device({"ids": ids.astype(np.int64), "mask": mask, "valid": valid}, device)
+        inputs = _on_device(_grown_inputs(plan, grow), device)
         with torch.no_grad(), linear.held(weights):
             chosen_tokens = prefill(
                 model.module, cache, on_device["ids"], on_device["mask"], on_device["valid"], arrays,
-                static,
+                static, inputs,
             )  # fmt: skip
             seen = on_device["mask"].sum(1)
+            if (
+                plan.offsets is not None
+            ):  # multimodal positions: later tokens' positions move by them
+                seen = seen + _on_device(plan.offsets.astype(np.int64), device)
             torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
         for layer in cache.layers:
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
@@ -320,6 +334,17 @@ class TorchXlaEngine:
     def counters(self) -> tuple[int, float]:
         counters = runtime.counters()
         return counters.compiles, counters.compile_seconds + _trace_seconds[0]
+
+
+def _grown_inputs(plan: driver.Plan, grow: int) -> dict[str, np.ndarray]:
+    """The plan's model inputs for a prompt bucket ``grow`` columns wider: those laid out like the prompt
+    (token types, positions) padded on the left with zeros, as the prompt is."""
+    grown = {}
+    for name, value in plan.inputs.items():
+        aligned = value.shape == plan.ids.shape or name == "position_ids"
+        widths = [(0, 0)] * (value.ndim - 1) + [(grow, 0)]
+        grown[name] = np.pad(value, widths) if aligned and grow else value
+    return grown
 
 
 def generate(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:

@@ -1,0 +1,269 @@
+"""A ``generate`` call's model inputs beyond the prompt's ids: images, audio, their sizes and token types.
+
+A processor's output goes to ``generate`` as it is (``model.generate(**processor(...))``): every keyword that
+``forward`` names and that is not a generation setting is a model input. On the host they are numpy arrays;
+the engine runs them through the model once, in prefill (an image's or an audio clip's encoder runs there),
+and the decode loop is the text loop. Three things need more than passing them on, and transformers' own
+methods do them here:
+
+* an encoder-decoder whose encoder reads features (Whisper's ``input_features``) gets its decoder prompt
+  (start, language and task tokens) from transformers' Whisper generation methods;
+* a model with multimodal rotary positions (Qwen2-VL's ``get_rope_index``) gets its prompt's positions and
+  each row's offset for the tokens after it computed on the host;
+* ``num_beams`` / ``num_return_sequences`` repeat the inputs that have one entry per prompt.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+#: Forward inputs ``generate`` does not take, with why.
+REFUSED_INPUTS = {
+    "inputs_embeds": "hfax's generate starts from token ids; pass input_ids",
+    "past_key_values": "hfax's generate keeps its own cache on device",
+    "cache_position": "hfax's generate places tokens in its own cache",
+    "position_ids": "hfax's generate computes positions from the attention mask",
+    "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
+    "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding",
+    "decoder_inputs_embeds": "hfax's generate starts from token ids",
+    "labels": "generate computes no loss",
+}
+
+#: Whisper's ``generate`` arguments hfax honours, and those it refuses (long-form and timestamp features).
+WHISPER_TAKEN = ("language", "task", "is_multilingual", "return_timestamps")
+WHISPER_REFUSED = {
+    "prompt_ids": "prompting Whisper with previous text is not implemented",
+    "prompt_condition_type": "prompting Whisper with previous text is not implemented",
+    "condition_on_prev_tokens": "long-form transcription is not implemented",
+    "compression_ratio_threshold": "temperature fallback is not implemented",
+    "logprob_threshold": "temperature fallback is not implemented",
+    "no_speech_threshold": "no-speech detection is not implemented",
+    "return_token_timestamps": "token timestamps are not implemented",
+    "return_segments": "long-form transcription is not implemented",
+    "time_precision": "timestamps are not implemented",
+    "time_precision_features": "timestamps are not implemented",
+    "num_segment_frames": "long-form transcription is not implemented",
+    "force_unique_generate_call": "hfax makes one call already",
+    "monitor_progress": "long-form transcription is not implemented",
+}
+
+
+def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The model inputs among what transformers left over from the generation settings, as numpy arrays;
+    anything else is an error naming it."""
+    accepted = set(inspect.signature(module.forward).parameters)
+    found = {}
+    for name in sorted(leftovers):
+        value = leftovers[name]
+        if name not in accepted:
+            raise TypeError(
+                f"generate() got an unexpected keyword argument {name!r}: it is neither a GenerationConfig "
+                f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, "
+                "rng, generation_config and tokenizer)"
+            )
+        if name in REFUSED_INPUTS and value is not None:
+            raise NotImplementedError(
+                f"hfax's generate does not take {name}: {REFUSED_INPUTS[name]}"
+            )
+        if value is not None:
+            found[name] = host_array(name, value)
+    return found
+
+
+def host_array(name: str, value: Any) -> np.ndarray:
+    """A model input (numpy, torch, JAX, nested lists) as a numpy array, or an error naming it."""
+    if hasattr(value, "detach"):  # a torch tensor, on any device; numpy has no bfloat16 of torch's
+        value = value.detach().cpu()
+        value = value.float() if value.dtype.is_floating_point and value.itemsize < 4 else value
+        value = value.numpy()
+    array = np.asarray(value)
+    if array.dtype == object or not (
+        np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)
+    ):
+        raise TypeError(
+            f"generate's model input {name} must be an array of numbers (as a processor returns it), "
+            f"got {type(value).__name__}"
+        )
+    return array.astype(np.int64) if np.issubdtype(array.dtype, np.integer) else array
+
+
+def expand(inputs: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np.ndarray]:
+    """``inputs`` for ``size`` rows per row (beams, returned sequences): each input with one entry per row
+    repeats it. An input of another length (Qwen2-VL's image patches, several images per prompt) would need
+    its entries grouped by prompt, which transformers does on the encoder's output: it is refused."""
+    for name, value in inputs.items():
+        if value.shape[0] != batch:
+            raise NotImplementedError(
+                f"hfax's generate repeats model inputs for num_beams / num_return_sequences only when they "
+                f"have one entry per prompt; {name} has {value.shape[0]} for {batch} prompts. Use "
+                "num_beams=1 and num_return_sequences=1, or call generate once per prompt and image"
+            )
+    return {name: np.repeat(value, size, axis=0) for name, value in inputs.items()}
+
+
+def row_aligned(inputs: dict[str, np.ndarray], shape: tuple[int, ...]) -> set[str]:
+    """The inputs laid out like the prompt's ids (``token_type_ids``, ``mm_token_type_ids``): one value per
+    token, padded and bucketed with them."""
+    return {name for name, value in inputs.items() if value.shape == tuple(shape)}
+
+
+def rope_index(module: Any) -> Callable[..., Any] | None:
+    """The model's ``get_rope_index`` (multimodal rotary positions: Qwen2-VL and its kin), or ``None``."""
+    for owner in (module, getattr(module, "model", None)):
+        function = getattr(owner, "get_rope_index", None)
+        if callable(function):
+            return function
+    return None
+
+
+def positions(
+    module: Any, ids: np.ndarray, mask: np.ndarray, inputs: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The prompt's multimodal positions ``[sections, rows, length]`` and each row's offset for the tokens
+    after it (a new token's position is its index among the row's real tokens plus the offset), computed by
+    the model's own ``get_rope_index`` on the bucketed prompt; ``None`` for a model without one or a prompt
+    without images or videos (its positions are the plain ones)."""
+    import torch
+
+    function = rope_index(module)
+    if function is None or not any(name.endswith("grid_thw") for name in inputs):
+        return None
+    accepted = inspect.signature(function).parameters
+    arguments = {
+        name: torch.from_numpy(np.ascontiguousarray(value))
+        for name, value in {**inputs, "input_ids": ids, "attention_mask": mask}.items()
+        if name in accepted
+    }
+    arguments["attention_mask"] = arguments["attention_mask"].long()
+    arguments["input_ids"] = arguments["input_ids"].long()
+    with torch.no_grad():
+        position_ids, deltas = function(**arguments)
+    return position_ids.numpy().astype(np.int32), deltas.reshape(-1).numpy().astype(np.int32)
+
+
+def with_positions(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A forward's ``inputs`` with the multimodal positions of :func:`positions` added (host numpy), where
+    the model has them and the caller gave none: the model computes them in Python, which a trace cannot."""
+    grids = any(name.endswith("grid_thw") for name in inputs)
+    if (
+        not grids
+        or rope_index(module) is None
+        or "position_ids" in inputs
+        or "input_ids" not in inputs
+    ):
+        return inputs
+    arrays = {
+        name: host_array(name, value)
+        for name, value in inputs.items()
+        if hasattr(value, "shape") and not isinstance(value, (bool, int, float))
+    }
+    ids = arrays["input_ids"]
+    mask = arrays.get("attention_mask", np.ones_like(ids))
+    found = positions(module, ids, mask, arrays)
+    return inputs if found is None else {**inputs, "position_ids": found[0]}
+
+
+def is_whisper(module: Any) -> bool:
+    """Whether ``module`` generates the way transformers' Whisper does (a decoder prompt of special tokens)."""
+    return callable(getattr(module, "_retrieve_init_tokens", None))
+
+
+def whisper_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Take Whisper's own ``generate`` arguments out of ``options``; refuse those hfax does not run."""
+    for name, why in WHISPER_REFUSED.items():
+        if options.pop(name, None) is not None:
+            raise NotImplementedError(f"hfax's generate does not take {name} for Whisper: {why}")
+    return {name: options.pop(name, None) for name in WHISPER_TAKEN}
+
+
+def whisper_prompt(
+    module: Any, config: Any, features: np.ndarray, taken: dict[str, Any]
+) -> np.ndarray:
+    """Whisper's decoder prompt for ``features`` (``[batch, mel bins, frames]``): the start token, then the
+    language and task tokens, as transformers' ``WhisperForConditionalGeneration.generate`` builds them for
+    short-form audio; ``config``'s lengths are set as it sets them."""
+    import torch
+
+    encoder = module.model.encoder
+    stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
+    segment = stride * module.config.max_source_positions
+    if features.ndim != 3 or features.shape[-1] != segment:
+        raise ValueError(
+            f"input_features has shape {features.shape}; this Whisper reads [batch, "
+            f"{module.config.num_mel_bins}, {segment}] (30 s of audio, as its feature extractor pads it). "
+            "Long-form audio (more frames) is not implemented: split it into 30 s windows"
+        )
+    return_timestamps = taken["return_timestamps"]
+    if return_timestamps is None:
+        return_timestamps = getattr(config, "return_timestamps", None)
+    if return_timestamps:
+        raise NotImplementedError(
+            "hfax's generate does not run Whisper with return_timestamps=True (its timestamp logits "
+            "processor branches on Python values); pass return_timestamps=False"
+        )
+    module._set_return_timestamps(
+        return_timestamps=False, is_shortform=True, generation_config=config
+    )
+    module._set_language_and_task(
+        language=taken["language"],
+        task=taken["task"],
+        is_multilingual=taken["is_multilingual"],
+        generation_config=config,
+    )
+    if getattr(config, "language", None) is None and hasattr(config, "lang_to_id"):
+        raise NotImplementedError(
+            "hfax's generate does not detect Whisper's language (transformers runs the model on the CPU "
+            "for it); pass language= (e.g. language='en')"
+        )
+    batch = features.shape[0]
+    init = type(module)._retrieve_init_tokens(
+        _OnCpu(module),
+        torch.from_numpy(features),
+        batch_size=batch,
+        generation_config=config,
+        config=module.config,
+        num_segment_frames=segment,
+        kwargs={},
+    )
+    module._set_max_new_tokens_and_length(
+        config=module.config, decoder_input_ids=init, generation_config=config
+    )
+    return init.numpy().astype(np.int64)
+
+
+class _OnCpu:
+    """``module`` as transformers' Whisper helpers see it, on the CPU: they make their tensors on the module's
+    device, which is the backend's (whose tensors only its runtime makes)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def whisper_result(sequences: np.ndarray, width: int, eos: list[int], pad: int) -> np.ndarray:
+    """Whisper's ``generate`` result from the decoder's sequences: the prompt cut, each row's padding and
+    final EOS cut as transformers cuts them, then rows right-padded with ``pad`` to the longest."""
+    rows = []
+    for row in sequences[:, width:]:
+        if row.size and row[-1] == pad:  # transformers removes as many tokens as the row has pads
+            count = int((row == pad).sum()) - (1 if pad in eos else 0)
+            row = row[: row.size - count] if count else row
+        if row.size and row[-1] in eos:
+            row = row[:-1]
+        rows.append(row)
+    longest = max((row.size for row in rows), default=0)
+    result = np.full((len(rows), longest), pad, np.int64)
+    for index, row in enumerate(rows):
+        result[index, : row.size] = row
+    return result

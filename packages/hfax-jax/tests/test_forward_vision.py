@@ -1,0 +1,71 @@
+"""Vision encoders' forward on JAX within 1e-4 of transformers: ViT image classification, CLIP's
+image-text similarities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hfax
+from hfax.testing import save_tiny
+
+TOLERANCE = 1e-4
+ENCODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+def loaded(config: Any, auto_class: str, directory: Any) -> tuple[Any, Any]:
+    reference = save_tiny(config, directory, auto_class, spread=True)
+    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+
+
+def images(seed: int, count: int = 2) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((count, 3, 16, 16)).astype(np.float32)
+
+
+def assert_close(actual: Any, expected: torch.Tensor) -> None:
+    np.testing.assert_allclose(np.asarray(actual), expected.numpy(), atol=TOLERANCE, rtol=0)
+
+
+def test_vit_image_classification(tmp_path):
+    config = transformers.ViTConfig(**ENCODER, image_size=16, patch_size=4, num_labels=5)
+    reference, model = loaded(config, "AutoModelForImageClassification", tmp_path)
+    pixels = images(0)
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.as_tensor(pixels)).logits
+    assert_close(model(pixel_values=pixels).logits, expected)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    config = transformers.CLIPConfig(
+        text_config=dict(**ENCODER, vocab_size=64, max_position_embeddings=16),
+        vision_config=dict(**ENCODER, image_size=16, patch_size=4),
+        projection_dim=16,
+    )
+    return loaded(
+        config, "AutoModelForZeroShotImageClassification", tmp_path_factory.mktemp("clip")
+    )
+
+
+def test_clip_image_text_similarities(clip):
+    reference, model = clip
+    ids = np.array([[0, 5, 9, 12, 2], [0, 7, 2, 1, 1]])
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    pixels = images(1, count=3)
+    with torch.no_grad():
+        expected = reference(
+            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+            pixel_values=torch.as_tensor(pixels),
+        )  # fmt: skip
+    actual = model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+    assert_close(actual.logits_per_image, expected.logits_per_image)
+    assert_close(actual.logits_per_text, expected.logits_per_text)
+    assert_close(actual.image_embeds, expected.image_embeds)
+    assert_close(
+        actual.vision_model_output.last_hidden_state,
+        expected.vision_model_output.last_hidden_state,
+    )

@@ -1,0 +1,187 @@
+"""generate with images and audio: a processor's output goes in as it is, the image or audio encoder runs once in
+prefill, and the tokens are transformers' own (LLaVA, Qwen2-VL, Gemma 3, Whisper)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hfax
+from hfax.testing import MULTIMODAL, save_tiny, tiny_multimodal_config
+from hfax.testing import multimodal_inputs as processed
+
+NEW_TOKENS = 8
+
+
+DIRECTORIES: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", params=sorted(MULTIMODAL))
+def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
+    directory = DIRECTORIES[request.param] = tmp_path_factory.mktemp(request.param)
+    config = tiny_multimodal_config(request.param)
+    reference = save_tiny(config, directory, MULTIMODAL[request.param], spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+    return request.param, reference, model
+
+
+def reference_generate(reference: Any, inputs: dict[str, np.ndarray], **options: Any) -> np.ndarray:
+    with torch.no_grad():
+        tensors = {name: torch.as_tensor(value) for name, value in inputs.items()}
+        return reference.generate(**tensors, do_sample=False, **options).numpy()
+
+
+def test_greedy_matches_transformers(models):
+    name, reference, model = models
+    inputs = processed(name)
+    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(model.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_forward_matches_transformers(models):
+    """The forward takes the same inputs: logits within 1e-4 (image sizes held as constants)."""
+    name, reference, model = models
+    inputs = processed(name, seed=8)
+    if name == "whisper":
+        inputs["decoder_input_ids"] = np.array([[1, 5, 6], [1, 7, 8]])
+    with torch.no_grad():
+        expected = reference(**{key: torch.as_tensor(value) for key, value in inputs.items()})
+    real = inputs.get("attention_mask", np.ones((2, 3))).astype(
+        bool
+    )  # padding has no defined logits
+    actual = np.asarray(model(**inputs).logits)[real]
+    np.testing.assert_allclose(actual, expected.logits.numpy()[real], atol=1e-4, rtol=0)
+
+
+def test_torch_inputs_give_torch_tokens(models):
+    name, reference, model = models
+    inputs = {key: torch.as_tensor(value) for key, value in processed(name, seed=1).items()}
+    actual = model.generate(**inputs, max_new_tokens=4)
+    assert isinstance(actual, torch.Tensor)
+    np.testing.assert_array_equal(
+        actual.numpy(), reference_generate(reference, processed(name, seed=1), max_new_tokens=4)
+    )
+
+
+def test_a_new_image_of_the_same_size_compiles_nothing(models):
+    name, reference, model = models
+    model.generate(**processed(name, seed=2), max_new_tokens=NEW_TOKENS)
+    other = processed(name, seed=3)
+    actual = np.asarray(model.generate(**other, max_new_tokens=NEW_TOKENS))
+    assert model.last_generate_stats.compiles == 0
+    np.testing.assert_array_equal(
+        actual, reference_generate(reference, other, max_new_tokens=NEW_TOKENS)
+    )
+
+
+def test_one_prompt_alone_gives_its_row_of_the_batch(models):
+    name, reference, model = models
+    alone = processed(name, seed=4, batch=1)
+    expected = reference_generate(reference, alone, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(model.generate(**alone, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_beam_search_repeats_one_image_per_prompt(models):
+    name, reference, model = models
+    inputs, options = processed(name, seed=6), dict(max_new_tokens=6, num_beams=2)
+    if name == "qwen2_vl":  # its pixel_values hold patches, not one image per prompt
+        with pytest.raises(NotImplementedError, match="pixel_values has 32 for 2 prompts"):
+            model.generate(**inputs, **options)
+        return
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+
+
+def test_sharded_over_eight_devices_gives_the_same_tokens(models):
+    name, reference, _ = models
+    sharded = hfax.AutoModelForTPU.from_pretrained(
+        str(DIRECTORIES[name]), backend="jax", mesh=hfax.make_mesh(data=2, model=4)
+    )
+    inputs = processed(name, seed=7)
+    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(sharded.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
+def test_gemma3_image_tokens_see_each_other():
+    """Without its image blocks in the mask (``token_type_ids``), Gemma 3 gives other tokens: the parity
+    above covers them."""
+    torch.manual_seed(0)
+    config = tiny_multimodal_config("gemma3")
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    inputs = {name: torch.as_tensor(value) for name, value in processed("gemma3").items()}
+    with torch.no_grad():
+        with_blocks = model(**inputs).logits
+        inputs.pop("token_type_ids")
+        without = model(**inputs).logits
+    assert (with_blocks - without).abs().max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    directory = tmp_path_factory.mktemp("whisper-multilingual")
+    reference = save_tiny(
+        tiny_multimodal_config("whisper"), directory, "AutoModelForSpeechSeq2Seq", spread=True
+    )
+    generation = reference.generation_config
+    generation.lang_to_id = {"<|en|>": 20, "<|fr|>": 21}
+    generation.task_to_id = {"transcribe": 22, "translate": 23}
+    generation.no_timestamps_token_id = 24
+    generation.is_multilingual = True
+    generation._from_model_config = False  # else loading builds it again from the model's config
+    generation.save_pretrained(directory)
+    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
+
+
+@pytest.mark.parametrize("language, task", [("en", "transcribe"), ("fr", "translate")])
+def test_whisper_language_and_task_tokens(multilingual_whisper, language, task):
+    reference, model = multilingual_whisper
+    inputs = processed("whisper", seed=5)
+    options = dict(language=language, task=task, max_new_tokens=6)
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+    full = model.generate(**inputs, **options, return_dict_in_generate=True).sequences
+    prompt = [1, 20 if language == "en" else 21, 22 if task == "transcribe" else 23, 24]
+    assert np.asarray(full)[:, :4].tolist() == [prompt, prompt]
+
+
+def test_whisper_default_length_and_an_early_eos(multilingual_whisper):
+    """Whisper's own length rule (20 new tokens), and rows cut at their EOS then padded as it pads them."""
+    reference, model = multilingual_whisper
+    inputs = processed("whisper", seed=9)
+    full = reference_generate(reference, inputs, language="en")
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, language="en")), full)
+    assert full.shape[1] == 20
+    options = dict(language="en", eos_token_id=int(full[0, 2]))  # row 0 ends early
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+
+
+def test_whisper_refusals_name_the_fix(multilingual_whisper):
+    _, model = multilingual_whisper
+    inputs = processed("whisper")
+    compiles = hfax.backends.jax.monitor.snapshot().compiles
+    with pytest.raises(NotImplementedError, match="return_timestamps"):
+        model.generate(**inputs, language="en", return_timestamps=True)
+    with pytest.raises(NotImplementedError, match="language="):
+        model.generate(**inputs)
+    with pytest.raises(ValueError, match="Long-form"):
+        model.generate(input_features=np.zeros((1, 8, 64), np.float32), language="en")
+    with pytest.raises(NotImplementedError, match="prompt_ids"):
+        model.generate(**inputs, language="en", prompt_ids=np.array([5]))
+    assert hfax.backends.jax.monitor.snapshot().compiles == compiles
+
+
+def test_inputs_the_model_does_not_take_are_named(models):
+    name, _, model = models
+    with pytest.raises(TypeError, match="pixel_valeus"):
+        model.generate(**processed(name), pixel_valeus=np.zeros(3), max_new_tokens=2)
