@@ -32,12 +32,10 @@ import numpy as np
 
 from hfax import masks
 from hfax.backends.jax import cache as slot_cache
-from hfax.backends.jax import mesh, monitor
+from hfax.backends.jax import decode_layout, mesh, monitor
 from hfax.backends.jax.generation import (
     Static,
     _cache_argument,
-    _in_place,
-    _loop_reads_16_bits,
     _on_torch,
     _step,
     _wait,
@@ -98,15 +96,29 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
 
 @dataclasses.dataclass(frozen=True)
 class SlotStatic:
-    """The static part of a decode program: the forward's, and how many leading rows it runs."""
+    """The static part of the admit and decode programs: the forward's, and how the weights and cache
+    are held."""
 
     step: Static
-    rows: int
+    layout: decode_layout.DecodeLayout
+    rows: int = 0  # decode: how many leading rows it runs
+
+
+def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
+    """How the engine holds its weights and cache: as ``generate``'s decode loops do
+    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: in the slot loop
+    it measured slower on CPU (the busy-row counts vary), and it would add those weights' memory."""
+    static = _static(model, 0, 1)
+    layout = decode_layout.choose(
+        model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=0
+    )
+    return dataclasses.replace(layout, transposed=frozenset())
 
 
 def _slot_axes(model: Any, static: Static) -> dict[str, int]:
     """The column axis of every per-column array of a layer's state (keys are stored transposed in place)."""
-    return {**slot_cache.SLOT_AXES, "keys": 3} if _in_place(model, static) else slot_cache.SLOT_AXES
+    in_place = decode_layout.in_place_cache(model, static.layer_types, encoder_decoder=False)
+    return {**slot_cache.SLOT_AXES, "keys": 3} if in_place else slot_cache.SLOT_AXES
 
 
 def _row_arrays(slots: int) -> dict[str, np.ndarray]:
@@ -123,8 +135,9 @@ def start_program(
     length."""
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
+    layout = slot_layout(model, slots)
     _, states, _ = _step(
-        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0
+        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0, layout=layout
     )
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
@@ -158,17 +171,26 @@ def _is_eos(token: Any, eos: Any) -> Any:
 
 
 def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
-                  settings: dict[str, Any], eos: Any, static: Static) -> tuple[Any, Any]:  # fmt: skip
+                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     logits, small, _ = _step(
-        model, static, params, None, ids, positions, mask, jnp.arange(prompt), 0
+        model,
+        static.step,
+        params,
+        None,
+        ids,
+        positions,
+        mask,
+        jnp.arange(prompt),
+        0,
+        layout=static.layout,
     )
     clock = state["clock"]
     first = clock - prompt
-    axes = _slot_axes(model, static)
+    axes = _slot_axes(model, static.step)
 
     def put(name: str, big: Any, new: Any) -> Any:
         if name not in axes:
@@ -235,7 +257,8 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
         ids, positions = table["last"][:, None], table["position"][:, None]
         logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
-                                  clock[None], clock, masked=static.step.attends)  # fmt: skip
+                                  clock[None], clock, masked=static.step.attends,
+                                  layout=static.layout)  # fmt: skip
         live = ~table["finished"]
         chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])
@@ -256,9 +279,8 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         }
         out = {**written, "count": out["count"] + live}
         new = {**state, "states": states, "valid": valid, "clock": clock + 1, "rows": table}
-        # As in generate's loop: 16-bit weights carried past a barrier are read as they are, not converted
-        # to a float32 copy hoisted out of the loop (`_loop_reads_16_bits`).
-        carried = jax.lax.optimization_barrier(params) if _loop_reads_16_bits(model) else params
+        # As in generate's loop: weights carried past a barrier are no loop invariants (DecodeLayout).
+        carried = jax.lax.optimization_barrier(params) if static.layout.carries_weights else params
         return {**new, "out": out}, i + 1, carried
 
     state = {**state, "out": _output(slots, chunk)}  # this chunk's tokens only
@@ -306,6 +328,7 @@ class SlotEngine:
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
+        self._layout = slot_layout(model, slots)
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
         program = model.program("serve_start", start_program)
         self.state = program(model.params, valid, table, static=self._decode_static)
@@ -329,7 +352,7 @@ class SlotEngine:
         settings = {**sampling.arrays(), "limit": np.int32(max_new)}
         args = self._replicate((padded, mask, np.int32(row), settings))
         program = self.model.program("serve_admit", admit_program, donate=("state",))
-        static = _static(self.model, size, self.chunk)
+        static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
         self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
@@ -342,7 +365,7 @@ class SlotEngine:
         limit = self._replicate(np.int32(steps))
         self.state = program(
             self.model.params, self.state, limit, self.eos,
-            static=SlotStatic(self._decode_static, rows),
+            static=SlotStatic(self._decode_static, self._layout, rows),
         )  # fmt: skip
 
     def read(self) -> Chunk:
