@@ -62,9 +62,9 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
     logits = logits.to(torch.float32)
     token = torch.argmax(logits, dim=-1).to(torch.int32)
     if work.sample:
-        steps = [("temperature", ())] + [("top_p", (1,))] * work.top_p
+        steps = (("temperature", ()), ("top_p", (1,)))
         settings = [{"value": rows["temperature"][:, None]}, {"value": rows["top_p"][:, None]}]
-        scores = processors.apply(tuple(steps), settings[: len(steps)], logits, history=None)
+        scores = processors.apply(steps, settings, logits, history=None)
         noise = search.gumbel(
             rows["seed"][:, None], step[:, None], rows["choice"], logits.shape[-1]
         )
@@ -87,20 +87,15 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """Which parts of :func:`choose` run: sampling, its top-p sort, log-probabilities (each costs every
-    row a pass over the vocabulary, the sort most)."""
+    """Which parts of :func:`choose` run: sampling (with its top-p sort), log-probabilities (each costs
+    every row passes over the vocabulary, the sort most)."""
 
     sample: bool
-    top_p: bool
     logprobs: bool
 
 
 #: Every :class:`Work`, in the order :func:`work_needed` numbers them.
-WORKS = tuple(
-    Work(sample, top_p, logprobs)
-    for sample, top_p in ((False, False), (True, False), (True, True))
-    for logprobs in (False, True)
-)
+WORKS = tuple(Work(sample, logprobs) for sample in (False, True) for logprobs in (False, True))
 
 
 def work_needed(rows: dict[str, Any], busy: Any) -> Any:
@@ -108,9 +103,5 @@ def work_needed(rows: dict[str, Any], busy: Any) -> Any:
     of greedy requests costs what greedy decoding costs."""
     import torch
 
-    sample = (rows["sample"] & busy).any()
-    top_p = (rows["sample"] & (rows["top_p"] < 1) & busy).any()
-    logprobs = (rows["logprobs"] & busy).any()
-    return ((sample.to(torch.int32) + top_p.to(torch.int32)) * 2 + logprobs.to(torch.int32)).to(
-        torch.int32
-    )
+    sample = (rows["sample"] & busy).any().to(torch.int32)
+    return sample * 2 + (rows["logprobs"] & busy).any().to(torch.int32)

@@ -105,14 +105,14 @@ class SlotStatic:
 
 
 def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
-    """How the engine holds its weights and cache: as ``generate``'s long decode loops over ``slots`` rows
-    do (:func:`hfax.backends.jax.decode_layout.choose`). The server pays the transposed copy once, so any
-    chunk length counts as long; the copy replaces nothing, it adds those weights' memory."""
-    steps = decode_layout.TRANSPOSE_FROM_STEPS
-    static = _static(model, 0, steps)
-    return decode_layout.choose(
-        model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=steps
+    """How the engine holds its weights and cache: as ``generate``'s decode loops do
+    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: in the slot loop
+    it measured slower on CPU (the busy-row counts vary), and it would add those weights' memory."""
+    static = _static(model, 0, 1)
+    layout = decode_layout.choose(
+        model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=0
     )
+    return dataclasses.replace(layout, transposed=frozenset())
 
 
 def _slot_axes(model: Any, static: Static) -> dict[str, int]:
@@ -135,8 +135,7 @@ def start_program(
     length."""
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
-    # The model's own weights, untransposed: this runs once, before the engine's copy exists.
-    layout = dataclasses.replace(slot_layout(model, slots), transposed=frozenset())
+    layout = slot_layout(model, slots)
     _, states, _ = _step(
         model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0, layout=layout
     )
@@ -247,13 +246,13 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
-    def running(carry: tuple[Any, Any]) -> Any:
-        state, i = carry
+    def running(carry: tuple[Any, Any, Any]) -> Any:
+        state, i, _ = carry
         busy = jnp.any(~state["rows"]["finished"])
         return (i < jnp.minimum(steps, chunk)) & busy & (state["clock"] < length)
 
-    def advance(carry: tuple[Any, Any]) -> tuple[Any, Any]:
-        state, i = carry
+    def advance(carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        state, i, params = carry
         table, clock = state["rows"], state["clock"]
         valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
         ids, positions = table["last"][:, None], table["position"][:, None]
@@ -280,10 +279,12 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         }
         out = {**written, "count": out["count"] + live}
         new = {**state, "states": states, "valid": valid, "clock": clock + 1, "rows": table}
-        return {**new, "out": out}, i + 1
+        # As in generate's loop: weights carried past a barrier are no loop invariants (DecodeLayout).
+        carried = jax.lax.optimization_barrier(params) if static.layout.carries_weights else params
+        return {**new, "out": out}, i + 1, carried
 
     state = {**state, "out": _output(slots, chunk)}  # this chunk's tokens only
-    state, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0)))
+    state, _, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0), params))
     return state
 
 
@@ -328,10 +329,6 @@ class SlotEngine:
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
         self._layout = slot_layout(model, slots)
-        self.params = {
-            name: value.T if name in self._layout.transposed else value
-            for name, value in model.params.items()
-        }
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
         program = model.program("serve_start", start_program)
         self.state = program(model.params, valid, table, static=self._decode_static)
@@ -356,7 +353,7 @@ class SlotEngine:
         args = self._replicate((padded, mask, np.int32(row), settings))
         program = self.model.program("serve_admit", admit_program, donate=("state",))
         static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
-        self.state, chosen = program(self.params, self.state, *args, self.eos, static=static)
+        self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
 
     def decode(self, steps: int, rows: int) -> None:
@@ -367,7 +364,7 @@ class SlotEngine:
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
-            self.params, self.state, limit, self.eos,
+            self.model.params, self.state, limit, self.eos,
             static=SlotStatic(self._decode_static, self._layout, rows),
         )  # fmt: skip
 
