@@ -231,7 +231,7 @@ TORCHXLA_FEATURES = (
 
 @nox.session
 def torchxla(session: nox.Session) -> None:
-    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py on it."""
+    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py, test_forward_vision.py on it."""
     directory = PACKAGES / "hfax-torchxla"
     siblings = sibling_dirs("hfax-torchxla")
     # PyPI's torch 2.9.0 is the CUDA build: resolving it pulls 4 NVIDIA/triton wheels that CPU never loads
@@ -272,7 +272,14 @@ def torchxla(session: nox.Session) -> None:
     session.install("--no-deps", str(directory), *map(str, siblings))
     session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
     env = {**TEST_ENV, "PJRT_DEVICE": "CPU"}
-    run_tests(session, directory / "tests", ROOT / "tests" / "test_parity.py", env=env)
+    tests = ROOT / "tests"
+    run_tests(
+        session,
+        directory / "tests",
+        tests / "test_parity.py",
+        tests / "test_forward_vision.py",
+        env=env,
+    )
     features = ROOT / "tests" / "test_generate_features.py"
     run_tests(session, features, env=env, select=TORCHXLA_FEATURES)
 

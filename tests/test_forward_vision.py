@@ -1,4 +1,4 @@
-"""Vision encoders' forward on PyTorch/XLA within 1e-4 of transformers: ViT image classification, CLIP's
+"""Vision encoders' forward on every installed backend within 1e-4 of transformers: ViT image classification, CLIP's
 image-text similarities."""
 
 from __future__ import annotations
@@ -11,15 +11,24 @@ import torch
 import transformers
 
 import hfax
+from hfax.plugins import backends
 from hfax.testing import as_numpy, save_tiny
+
+BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
+pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
 
 TOLERANCE = 1e-4
 ENCODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
 
-def loaded(config: Any, auto_class: str, directory: Any) -> tuple[Any, Any]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def loaded(config: Any, auto_class: str, directory: Any, backend: str) -> tuple[Any, Any]:
     reference = save_tiny(config, directory, auto_class, spread=True)
-    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="torch_xla")
+    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend=backend)
 
 
 def images(seed: int, count: int = 2) -> np.ndarray:
@@ -30,9 +39,9 @@ def assert_close(actual: Any, expected: torch.Tensor) -> None:
     np.testing.assert_allclose(as_numpy(actual), expected.numpy(), atol=TOLERANCE, rtol=0)
 
 
-def test_vit_image_classification(tmp_path):
+def test_vit_image_classification(tmp_path, backend):
     config = transformers.ViTConfig(**ENCODER, image_size=16, patch_size=4, num_labels=5)
-    reference, model = loaded(config, "AutoModelForImageClassification", tmp_path)
+    reference, model = loaded(config, "AutoModelForImageClassification", tmp_path, backend)
     pixels = images(0)
     with torch.no_grad():
         expected = reference(pixel_values=torch.as_tensor(pixels)).logits
@@ -40,14 +49,14 @@ def test_vit_image_classification(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def clip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+def clip(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[Any, Any]:
     config = transformers.CLIPConfig(
         text_config=dict(**ENCODER, vocab_size=64, max_position_embeddings=16),
         vision_config=dict(**ENCODER, image_size=16, patch_size=4),
         projection_dim=16,
     )
     return loaded(
-        config, "AutoModelForZeroShotImageClassification", tmp_path_factory.mktemp("clip")
+        config, "AutoModelForZeroShotImageClassification", tmp_path_factory.mktemp("clip"), backend
     )
 
 
