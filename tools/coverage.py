@@ -8,7 +8,10 @@
 
 Rows are the architectures of transformers' auto mappings: causal LM (``AutoModelForCausalLM``), encoder
 (``AutoModel`` of the masked-LM architectures), encoder-decoder (``AutoModelForSeq2SeqLM``) and sequence
-classification. Each runs in a worker process with a time limit, so a hang or a crash costs one row; the
+classification by default; ``--kinds all`` adds masked LM, token classification, question answering,
+image-text-to-text, image classification, vision encoders, zero-shot image classification, speech
+sequence-to-sequence, CTC and audio classification. The torch_xla column comes from a run in the torch_xla
+venv with ``--merge`` (``nox -s coverage_torchxla``). Each runs in a worker process with a time limit, so a hang or a crash costs one row; the
 checks themselves are in ``coverage_checks.py`` and the tiny configs in ``tiny_configs.py``.
 
 The matrix in ``docs/`` is this script's output and nothing else. ``coverage.json`` also keeps a floor per
@@ -30,20 +33,31 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESULT = "@@CHECK "
 DONE = "@@DONE"
 TASKS_PER_WORKER = 20  # a fresh worker now and then keeps leaked compiled programs from piling up
-MARK = {"pass": "✅", "fail": "❌", "skip": "·", "timeout": "⏱", "crash": "💥"}
+MARK = {"pass": "✅", "fail": "❌", "skip": "·", "timeout": "⏱", "crash": "💥", "none": "–"}
 TITLES = {
     "causal": "Causal language models (`AutoModelForCausalLM`)",
     "encoder": "Encoders (`AutoModel`, last hidden state)",
     "seq2seq": "Encoder-decoders (`AutoModelForSeq2SeqLM`)",
     "classification": "Sequence classification (`AutoModelForSequenceClassification`)",
+    "masked_lm": "Masked language models (`AutoModelForMaskedLM`, logits)",
+    "token_classification": "Token classification (`AutoModelForTokenClassification`)",
+    "question_answering": "Extractive question answering (`AutoModelForQuestionAnswering`, start and end logits)",
+    "image_text_to_text": "Image-text-to-text (`AutoModelForImageTextToText`; transformers 5 folds "
+    "`AutoModelForVision2Seq` into it)",
     "image_classification": "Image classification (`AutoModelForImageClassification`)",
+    "vision_encoder": "Vision encoders (`AutoModel` of the image-classification architectures, last hidden state)",
+    "zero_shot_image_classification": "Zero-shot image classification "
+    "(`AutoModelForZeroShotImageClassification`, `logits_per_image`)",
+    "speech_seq2seq": "Speech sequence-to-sequence (`AutoModelForSpeechSeq2Seq`)",
+    "ctc": "CTC speech recognition (`AutoModelForCTC`)",
+    "audio_classification": "Audio classification (`AutoModelForAudioClassification`)",
 }
 #: The checks whose pass counts may not fall (tests/test_coverage.py), as ``kind.check``.
 FLOOR_CHECKS = (
@@ -53,7 +67,19 @@ FLOOR_CHECKS = (
     "seq2seq.generate",
     "encoder.jit",
     "classification.jit",
+    "masked_lm.jit",
+    "token_classification.jit",
+    "question_answering.jit",
+    "image_text_to_text.generate",
+    "image_classification.jit",
+    "vision_encoder.jit",
+    "zero_shot_image_classification.jit",
+    "speech_seq2seq.generate",
+    "ctc.jit",
+    "audio_classification.jit",
 )
+#: A kind's rows, by default: those its sweep always ran.
+DEFAULT_KINDS = "causal,encoder,seq2seq,classification"
 
 
 def worker_env() -> dict[str, str]:
@@ -61,6 +87,7 @@ def worker_env() -> dict[str, str]:
     env.update(
         XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {env.get('XLA_FLAGS', '')}".strip(),
         JAX_PLATFORMS=env.get("JAX_PLATFORMS", "cpu"),
+        PJRT_DEVICE=env.get("PJRT_DEVICE", "CPU"),  # torch_xla's CPU client
         HFAX_STRICT_PLUGINS="1",
         HFAX_NO_COMPILATION_CACHE="1",
         HF_HUB_OFFLINE="1",
@@ -90,14 +117,33 @@ def architectures(kind: str) -> list[str]:
     """The model types of ``kind``'s transformers auto mapping, in mapping order."""
     from transformers.models.auto import modeling_auto
 
+    auto = modeling_auto
+    if kind == "vision_encoder":  # the image classifiers' base models
+        base = auto.MODEL_MAPPING_NAMES
+        return [arch for arch in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES if arch in base]
     mapping = {
-        "causal": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        "encoder": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        "seq2seq": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-        "classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-        "image_classification": modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "causal": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "encoder": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "seq2seq": auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        "classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        "masked_lm": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "token_classification": auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+        "question_answering": auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+        "image_text_to_text": auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        "image_classification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "zero_shot_image_classification": auto.MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "speech_seq2seq": auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+        "ctc": auto.MODEL_FOR_CTC_MAPPING_NAMES,
+        "audio_classification": auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
     }[kind]
     return list(mapping)
+
+
+def sampled(archs: list[str], count: int) -> list[str]:
+    """``count`` of ``archs`` spread evenly over the list (all of them when ``count`` is 0 or more)."""
+    if not count or count >= len(archs):
+        return archs
+    return [archs[index * len(archs) // count] for index in range(count)]
 
 
 class Worker:
@@ -187,9 +233,14 @@ class Worker:
 
 
 def sweep(
-    tasks: list[tuple[str, str]], jobs: int, timeout: float, progress: bool = True
+    tasks: list[tuple[str, str]],
+    jobs: int,
+    timeout: float,
+    progress: bool = True,
+    tasks_per_worker: int = TASKS_PER_WORKER,
 ) -> dict[str, dict[str, Any]]:
-    """Run ``tasks`` (kind, architecture) on ``jobs`` workers; returns ``{kind: {arch: row}}``."""
+    """Run ``tasks`` (kind, architecture) on ``jobs`` workers, each replaced after ``tasks_per_worker``
+    tasks (a torch_xla process compiles at most ~48 programs); returns ``{kind: {arch: row}}``."""
     pending: queue.Queue[tuple[str, str]] = queue.Queue()
     for task in tasks:
         pending.put(task)
@@ -204,7 +255,7 @@ def sweep(
                 kind, arch = pending.get_nowait()
             except queue.Empty:
                 break
-            if worker is None or not worker.alive() or worker.tasks >= TASKS_PER_WORKER:
+            if worker is None or not worker.alive() or worker.tasks >= tasks_per_worker:
                 if worker is not None:
                     worker.close()
                 worker = Worker()
@@ -263,13 +314,13 @@ def _as_result(row: dict[str, Any]) -> dict[str, Any]:
     return {"status": dict(row["status"]), "errors": row["errors"], "seconds": row["seconds"]}
 
 
-def complete(
-    kind: str, row: dict[str, Any], backends: list[str], checks: Iterable[str]
-) -> dict[str, str]:
-    """Every check of a row, a timeout or crash charged to the first check that did not report."""
+def complete(kind: str, row: dict[str, Any], backends: list[str]) -> dict[str, str]:
+    """Every check ``backends`` ran of a row, a timeout or crash charged to the first that did not report."""
+    from coverage_checks import checks
+
     status = dict(row["status"])
     trouble = status.pop("_", None)
-    names = ["reference"] + [f"{backend}.{check}" for backend in backends for check in checks]
+    names = ["reference"] + [f"{b}.{check}" for b in backends for check in checks(kind, b)]
     for name in names:
         if name not in status:
             status[name] = trouble or "skip"
@@ -277,12 +328,48 @@ def complete(
     return status
 
 
-def first_failure(row: dict[str, Any], status: dict[str, str]) -> str:
+def _columns(kind: str, backends: list[str]) -> list[str]:
+    """A kind's check columns, every backend's, those a backend leaves out included (shown as not run)."""
+    from coverage_checks import KINDS
+
+    return [f"{b}.{check}" for b in backends for check in KINDS[kind][1]]
+
+
+def _combined(old: dict[str, Any] | None, new: dict[str, Any], ran: list[str]) -> dict[str, Any]:
+    """A row whose reference and ``ran`` backends' cells come from ``new``, the other backends' from ``old``."""
+    if old is None:
+        return new
+    mine = tuple(f"{backend}." for backend in ran)
+
+    def kept(name: str) -> bool:
+        return name != "reference" and name != "_" and not name.startswith(mine)
+
+    status = {k: v for k, v in old["status"].items() if kept(k)}
+    errors = {k: v for k, v in old["errors"].items() if kept(k)}
+    return {
+        "status": {**status, **new["status"]},
+        "errors": {**errors, **new["errors"]},
+        "seconds": new["seconds"],
+    }
+
+
+def first_failure(row: dict[str, Any], status: dict[str, str], backend: str = "") -> str:
+    """The first failing check of a row (of ``backend``'s, and the reference, if given) with its error."""
     errors = row["errors"]
     for name, state in status.items():
+        if backend and name != "reference" and not name.startswith(f"{backend}."):
+            continue
         if state in ("fail", "timeout", "crash"):
             return f"{name}: {errors.get(name) or errors.get('_', state)}"
     return ""
+
+
+def first_failures(row: dict[str, Any], backends: list[str]) -> list[str]:
+    """The reference's failure, or else each backend's first failure."""
+    status = row["status"]
+    if status["reference"] != "pass":
+        return [first_failure(row, status)]
+    return [failure for b in backends if (failure := first_failure(row, status, b))]
 
 
 def cause(message: str) -> str:
@@ -300,19 +387,33 @@ def summarize(
 ) -> dict[str, Any]:
     """The machine-readable matrix: rows with every check's state, totals, and the ratcheted floor.
 
-    ``merge``: ``results`` re-ran some architectures; their rows replace the previous run's, the others stay
-    (the previous run must have had the same backends), and ``rerun`` records which rows ran when.
+    ``merge``: ``results`` re-ran some architectures, on some backends; in their rows the reference and the
+    backends this run had replace the previous run's cells, the other backends' cells and the other rows
+    stay, and ``rerun`` records which rows ran when. A backend new to the document gets its columns so
+    (``--merge`` from the torch_xla venv adds the torch_xla column to the JAX rows).
     """
     from coverage_checks import KINDS
 
-    backends = meta["backends"]
+    ran_backends = meta["backends"]
+    backends = list(ran_backends)
     document: dict[str, Any] = {**meta, "kinds": {}, "totals": {}, "floor": {}}
+    document["mapped"] = {**(previous or {}).get("mapped", {}), **meta.get("mapped", {})}
+    document["column_versions"] = {
+        **(previous or {}).get("column_versions", {}),
+        **{backend: meta["versions"] for backend in ran_backends},
+    }
     ran = set() if merge else set(results)  # kinds this run swept whole
+    rows_by_kind = {
+        kind: {
+            arch: {**row, "status": complete(kind, row, ran_backends)}
+            for arch, row in archs.items()
+        }
+        for kind, archs in results.items()
+    }
     if merge:
-        if previous is None or previous["backends"] != backends:
-            raise ValueError(
-                "--merge needs a previous coverage.json of the same backends to merge into"
-            )
+        if previous is None:
+            raise ValueError("--merge needs a previous coverage.json to merge into")
+        backends = previous["backends"] + [b for b in ran_backends if b not in previous["backends"]]
         document.update(
             {
                 key: previous[key]
@@ -320,34 +421,44 @@ def summarize(
                 if key in previous
             }
         )
+        document["backends"] = backends
         document["rerun"] = {**previous.get("rerun", {})}
+        when = meta["generated"]
+        if ran_backends != previous["backends"]:
+            when += f", {', '.join(ran_backends)} only"
         for kind, archs in results.items():
-            document["rerun"].setdefault(meta["generated"], []).extend(
+            document["rerun"].setdefault(when, []).extend(
                 f"{kind}/{arch}" for arch in sorted(archs)
             )
-        results = {
-            kind: {
-                **{
-                    arch: _as_result(row)
-                    for arch, row in previous["kinds"].get(kind, {}).get("rows", {}).items()
-                },
-                **results.get(kind, {}),
-            }
-            for kind in {*results, *previous["kinds"]}
+        merged = {
+            kind: {arch: _as_result(row) for arch, row in section["rows"].items()}
+            for kind, section in previous["kinds"].items()
         }
+        for kind, archs in rows_by_kind.items():
+            for arch, row in archs.items():
+                merged.setdefault(kind, {})[arch] = _combined(
+                    merged.get(kind, {}).get(arch), row, ran_backends
+                )
+        rows_by_kind = merged
     for kind in KINDS:
-        if kind not in results:
+        if kind not in rows_by_kind:
             continue
-        checks = KINDS[kind][1]
+        columns = ["reference"] + _columns(kind, backends)
         rows = {}
-        for arch in sorted(results[kind]):
-            row = results[kind][arch]
-            status = complete(kind, row, backends, checks)
+        for arch in sorted(rows_by_kind[kind]):
+            row = rows_by_kind[kind][arch]
+            status = {name: row["status"].get(name, "none") for name in columns}
             rows[arch] = {"status": status, "errors": row["errors"], "seconds": row["seconds"]}
-        document["kinds"][kind] = {"checks": list(checks), "rows": rows}
+        document["kinds"][kind] = {"checks": list(KINDS[kind][1]), "rows": rows}
         totals = {"architectures": len(rows)}
-        for name in ["reference"] + [f"{b}.{c}" for b in backends for c in checks]:
-            totals[name] = sum(r["status"][name] == "pass" for r in rows.values())
+        for name in columns:
+            if any(row["status"][name] != "none" for row in rows.values()):
+                totals[name] = sum(r["status"][name] == "pass" for r in rows.values())
+        for backend in backends:
+            totals[f"{backend}.rows"] = sum(
+                any(v != "none" for k, v in r["status"].items() if k.startswith(f"{backend}."))
+                for r in rows.values()
+            )
         document["totals"][kind] = totals
     # A run of some kinds (--kinds causal) keeps the other kinds' rows from the previous run, if it had the same backends.
     carried = dict((previous or {}).get("carried", {}))
@@ -382,9 +493,8 @@ def render(document: dict[str, Any]) -> str:
         "",
         "<!-- Generated by tools/coverage.py (`nox -s coverage`) from docs/coverage.json. Do not edit by hand. -->",
         "",
-        f"transformers {document['versions']['transformers']}, torch {document['versions']['torch']}, "
-        f"jax {document['versions']['jax']}, torchax {document['versions']['torchax']}; "
-        f"generated {document['generated']} in {document['minutes']} min"
+        ", ".join(f"{name} {version}" for name, version in document["versions"].items())
+        + f"; generated {document['generated']} in {document['minutes']} min"
         + "".join(
             f"; the {kind} rows by the run of {date}"
             for kind, date in sorted(document.get("carried", {}).items())
@@ -405,30 +515,53 @@ def render(document: dict[str, Any]) -> str:
         "",
         "- **reference**: transformers itself builds and runs the model (forward and `generate`).",
         "- **load**: `hfax.AutoModelForTPU.from_pretrained(dir, backend=...)` (the class in the saved `architectures`).",
-        "- **forward**: the pure forward `model.apply(params, ...)`, run eagerly: logits (hidden states for "
-        "encoders) within 1e-4 of PyTorch on every real token, for a batch with one left-padded row.",
+        "- **forward**: the forward run eagerly (JAX: the pure `model.apply(params, ...)`; torch_xla: the module "
+        "op by op on the XLA device): logits (hidden states for encoders, start and end logits for question "
+        "answering, `logits_per_image` for zero-shot image classification) within 1e-4 of PyTorch on every "
+        "real token, for a batch with one left-padded row (two random images, or two random audio clips).",
         "- **jit**: the compiled forward `model(...)`, the same comparison.",
         "- **generate**: greedy `model.generate` (prefill and the whole decode loop in one compiled program, "
         "slot KV cache) gives transformers' tokens, 12 new tokens, for the unpadded prompt of the batch.",
         "- **padded**: the same for the left-padded prompt of the batch.",
         "- **sharded**: loaded over an 8-device mesh (`hfax.make_mesh(model=8)`, CPU devices) and run again "
-        "(generate, or the forward for encoders).",
+        "(generate, or the forward for encoders). Not run on torch_xla: PyTorch/XLA chooses SPMD before a "
+        "process's first computation, so a mesh needs a process of its own (hfax-torchxla's tests run it).",
+        "",
+        "Image-text-to-text prompts hold one random image each and as many image tokens as the model makes "
+        "features of it; speech models get random log-mel features (or raw samples). The torch_xla column runs "
+        "from its own venv (`nox -s coverage_torchxla`), a worker process per few architectures (a torch_xla "
+        "process compiles at most ~48 programs), and is merged into the JAX rows.",
+        "",
+        *[
+            f"Column `{backend}`: "
+            + ", ".join(f"{name} {version}" for name, version in sorted(found.items()))
+            + "."
+            for backend, found in sorted(document.get("column_versions", {}).items())
+        ],
         "",
         f"{MARK['pass']} pass, {MARK['fail']} fail, {MARK['skip']} skipped (a check it needs failed), "
-        f"{MARK['timeout']} timed out, {MARK['crash']} worker crashed.",
+        f"{MARK['timeout']} timed out, {MARK['crash']} worker crashed, {MARK['none']} not run.",
         "",
         "## Totals",
         "",
     ]
-    header = ["kind", "architectures", "reference"] + [
-        f"{b} {c}" for b in backends for c in KINDS["causal"][1]
+    lines += [
+        "Per kind: the architectures of its transformers mapping, the rows run (all, or an even sample "
+        "where the mapping is marked), and per backend the rows it ran and the passes of each check.",
+        "",
     ]
+    header = ["kind", "in transformers", "rows", "reference"]
+    header += [f"{b} {c}" for b in backends for c in ("rows", *KINDS["causal"][1])]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind, totals in document["totals"].items():
-        cells = [kind, str(totals["architectures"]), str(totals["reference"])]
+        mapped = document.get("mapped", {}).get(kind)
+        cells = [kind, "?" if mapped is None else str(mapped)]
+        cells += [str(totals["architectures"]), str(totals["reference"])]
         for backend in backends:
-            for check in KINDS["causal"][1]:
+            for check in ("rows", *KINDS["causal"][1]):
                 value = totals.get(f"{backend}.{check}")
+                if check == "rows" and value is None:  # a document from before rows were counted
+                    value = totals["architectures"]
                 cells.append("–" if value is None else str(value))
         lines.append("| " + " | ".join(cells) + " |")
     for kind, section in document["kinds"].items():
@@ -444,20 +577,20 @@ def render(document: dict[str, Any]) -> str:
             status = row["status"]
             cells = [f"`{arch}`", MARK[status["reference"]]]
             cells += [MARK[status[f"{b}.{c}"]] for b in backends for c in checks]
-            cells.append(first_failure(row, status).replace("|", "\\|")[:200])
+            failures = "; ".join(first_failures(row, backends))
+            cells.append(failures.replace("|", "\\|")[:240])
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "## Failures by cause",
         "",
-        "The first failing check of each architecture, grouped by its error.",
+        "The first failing check of each architecture on each backend, grouped by its error.",
         "",
     ]
     for kind, section in document["kinds"].items():
         groups: dict[str, list[str]] = collections.defaultdict(list)
         for arch, row in section["rows"].items():
-            failure = first_failure(row, row["status"])
-            if failure:
+            for failure in first_failures(row, backends):
                 check, _, message = failure.partition(": ")
                 groups[f"{check}: {cause(message)}"].append(arch)
         if not groups:
@@ -470,17 +603,36 @@ def render(document: dict[str, Any]) -> str:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {name: version(name) for name in ("transformers", "torch", "jax", "torchax")}
+    found = {}
+    for name in ("transformers", "torch", "jax", "torchax", "torch_xla"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--kinds",
-        default="causal,encoder,seq2seq,classification",
-        help="comma-separated kinds of rows",
+        default=DEFAULT_KINDS,
+        help=f"comma-separated kinds of rows, or 'all' (default {DEFAULT_KINDS})",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="run this many architectures of each kind, spread evenly over its mapping (default: all)",
+    )
+    parser.add_argument(
+        "--tasks-per-worker",
+        type=int,
+        default=TASKS_PER_WORKER,
+        help=f"architectures a worker process runs before a fresh one starts (default {TASKS_PER_WORKER}; "
+        "torch_xla: 3, as one process compiles at most ~48 programs)",
     )
     parser.add_argument(
         "--only",
@@ -488,7 +640,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated architectures (default: all); prints, writes nothing",
     )
     parser.add_argument(
-        "--merge", action="store_true", help="with --only: replace those rows in the written matrix"
+        "--merge",
+        action="store_true",
+        help="replace the rows run (their cells of the backends installed here) in the written matrix",
     )
     parser.add_argument("--jobs", type=int, default=2, help="workers in parallel (default 2)")
     parser.add_argument(
@@ -503,13 +657,21 @@ def main(argv: list[str] | None = None) -> int:
         worker_main()
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    kinds = [kind for kind in args.kinds.split(",") if kind]
+    from coverage_checks import KINDS
+
+    kinds = list(KINDS) if args.kinds == "all" else [kind for kind in args.kinds.split(",") if kind]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
     only = {arch for arch in args.only.split(",") if arch}
     tasks = [
-        (kind, arch) for kind in kinds for arch in architectures(kind) if not only or arch in only
+        (kind, arch)
+        for kind in kinds
+        for arch in sampled(architectures(kind), args.sample)
+        if not only or arch in only
     ]
     started = time.monotonic()
-    results = sweep(tasks, args.jobs, args.timeout)
+    results = sweep(tasks, args.jobs, args.timeout, tasks_per_worker=args.tasks_per_worker)
     backends, unavailable = usable_backends()
     meta = {
         "generated": datetime.date.today().isoformat(),
@@ -517,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "backends": backends,
         "unavailable": unavailable,
+        "mapped": {kind: len(architectures(kind)) for kind in kinds},
     }
     path = args.out / "coverage.json"
     previous = json.loads(path.read_text()) if path.exists() else None
@@ -526,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     if only and not args.merge:
         for kind, section in document["kinds"].items():
             for arch, row in section["rows"].items():
-                failure = first_failure(row, row["status"])
-                print(f"{kind:14s} {arch:28s} {failure or 'all pass'}")
+                failures = "; ".join(first_failures(row, document["backends"]))
+                print(f"{kind:14s} {arch:28s} {failures or 'all pass'}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=1, sort_keys=False, ensure_ascii=False) + "\n")

@@ -267,6 +267,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "text_config.indexer_budget": 8,
         "text_config.indexer_compress_ratio": 4,
     },
+    # Gemma 3 pools an image's 4 x 4 patches into this many tokens (the kernel is patches / sqrt of it)
+    "gemma3": {"mm_tokens_per_image": 4},
     "xmod": {"default_language": "en_XX"},
     "xlstm": {"qk_dim_factor": 1.0},
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
