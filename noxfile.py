@@ -229,9 +229,8 @@ TORCHXLA_FEATURES = (
 )
 
 
-@nox.session
-def torchxla(session: nox.Session) -> None:
-    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py, test_forward_vision.py on it."""
+def install_torchxla(session: nox.Session) -> None:
+    """The pinned torch_xla environment (constraints-torchxla.txt) and hfax-torchxla with its siblings."""
     directory = PACKAGES / "hfax-torchxla"
     siblings = sibling_dirs("hfax-torchxla")
     # PyPI's torch 2.9.0 is the CUDA build: resolving it pulls 4 NVIDIA/triton wheels that CPU never loads
@@ -271,6 +270,13 @@ def torchxla(session: nox.Session) -> None:
     )
     session.install("--no-deps", str(directory), *map(str, siblings))
     session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
+
+
+@nox.session
+def torchxla(session: nox.Session) -> None:
+    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py, test_forward_vision.py on it."""
+    directory = PACKAGES / "hfax-torchxla"
+    install_torchxla(session)
     env = {**TEST_ENV, "PJRT_DEVICE": "CPU"}
     tests = ROOT / "tests"
     run_tests(
@@ -609,3 +615,17 @@ def coverage(session: nox.Session) -> None:
     editables = [arg for package in INTEGRATED for arg in ("-e", str(PACKAGES / package))]
     session.install("-c", str(CONSTRAINTS), *editables)
     session.run("python", str(ROOT / "tools" / "coverage.py"), *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def coverage_torchxla(session: nox.Session) -> None:
+    """The torch_xla column of the coverage sweep: every kind run in the torch_xla environment, three
+    architectures per worker process (one compiles at most ~48 programs), merged into docs/coverage.json's
+    rows. Not in the CI set; run after `nox -s coverage`.
+
+    ``nox -s coverage_torchxla -- --sample 4`` runs 4 architectures of each kind.
+    """
+    install_torchxla(session)
+    options = ["--kinds", "all", "--merge", "--tasks-per-worker", "3", *session.posargs]
+    env = {**TEST_ENV, "PJRT_DEVICE": "CPU"}
+    session.run("python", str(ROOT / "tools" / "coverage.py"), *options, env=env)

@@ -34,16 +34,24 @@ def _passing(kind: str, check: str = "jax.generate") -> list[str]:
     )
 
 
+#: One architecture of each of these kinds joins the sample, by the check of its floor.
+SAMPLED_KINDS = (
+    ("seq2seq", "jax.generate"),
+    ("encoder", "jax.jit"),
+    ("classification", "jax.jit"),
+    ("image_text_to_text", "jax.generate"),
+    ("speech_seq2seq", "jax.generate"),
+    ("vision_encoder", "jax.jit"),
+    ("question_answering", "jax.jit"),
+)
+
+
 def sample() -> list[tuple[str, str]]:
     """Causal architectures spread evenly over those passing generate, plus one of every other kind."""
     causal = _passing("causal")
     count = max(SAMPLE - 3, 1)
     picked = [("causal", arch) for arch in causal[:: max(len(causal) // count, 1)][:count]]
-    for kind, check in (
-        ("seq2seq", "jax.generate"),
-        ("encoder", "jax.jit"),
-        ("classification", "jax.jit"),
-    ):
+    for kind, check in SAMPLED_KINDS:
         passing = _passing(kind, check)
         if passing:
             picked.append((kind, passing[len(passing) // 2]))
@@ -53,6 +61,13 @@ def sample() -> list[tuple[str, str]]:
 def test_counts_meet_the_floor():
     # The promise guarded above all: causal LMs whose greedy generate (compiled decode loop) equals transformers'.
     assert "causal.jax.generate" in DOCUMENT["floor"], sorted(DOCUMENT["floor"])
+    # Every kind keeps a floor on every backend that ran it.
+    for kind, totals in DOCUMENT["totals"].items():
+        for backend in DOCUMENT["backends"]:
+            if totals.get(f"{backend}.rows"):
+                assert any(name.startswith(f"{kind}.{backend}.") for name in DOCUMENT["floor"]), (
+                    f"{kind} on {backend} has no floor in docs/coverage.json"
+                )
     for name, floor in DOCUMENT["floor"].items():
         kind, backend, check = name.split(".")
         count = DOCUMENT["totals"][kind][f"{backend}.{check}"]
@@ -72,6 +87,7 @@ def test_matrix_is_the_sweeps_output():
 def test_sample_still_passes():
     tasks = sample()
     assert len(tasks) >= min(SAMPLE, len(_passing("causal"))), tasks
+    installed = tuple(f"{backend}." for backend in coverage.usable_backends()[0])
     results = coverage.sweep(
         tasks, jobs=int(os.environ.get("HFAX_COVERAGE_JOBS", "2")), timeout=300, progress=False
     )
@@ -80,6 +96,8 @@ def test_sample_still_passes():
         recorded = DOCUMENT["kinds"][kind]["rows"][arch]["status"]
         row = results[kind][arch]
         for check, state in recorded.items():
+            if check != "reference" and not check.startswith(installed):
+                continue  # a backend of another environment (torch_xla's column)
             if state == "pass" and row["status"].get(check) != "pass":
                 error = (
                     row["errors"].get(check)
@@ -137,3 +155,38 @@ def test_merge_replaces_the_rows_it_ran_again():
     assert merged["kinds"]["causal"]["rows"]["gpt2"] == previous["kinds"]["causal"]["rows"]["gpt2"]
     assert merged["totals"]["causal"]["jax.load"] == 2 and merged["generated"] == "2026-01-01"
     assert "re-run on 2026-01-02: causal/llama" in coverage.render(merged)
+
+
+def test_a_backends_run_adds_its_column_to_the_rows():
+    """The torch_xla column comes from its own venv: merged, its cells join the JAX rows, which stay."""
+    meta = {
+        "generated": "2026-01-02",
+        "minutes": 1.0,
+        "versions": DOCUMENT["versions"],
+        "backends": ["jax"],
+        "unavailable": {},
+    }
+    jax_row = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
+    previous = coverage.summarize(
+        {"causal": {"llama": jax_row, "gpt2": jax_row}}, {**meta, "generated": "2026-01-01"}, None
+    )
+    failing = {
+        "status": {"reference": "pass", "torch_xla.load": "fail"},
+        "errors": {"torch_xla.load": "ValueError: boom"},
+        "seconds": 2.0,
+    }
+    merged = coverage.summarize(
+        {"causal": {"llama": failing}}, {**meta, "backends": ["torch_xla"]}, previous, merge=True
+    )
+    assert merged["backends"] == ["jax", "torch_xla"]
+    rows = merged["kinds"]["causal"]["rows"]
+    assert rows["llama"]["status"]["jax.load"] == "pass"
+    assert rows["llama"]["status"]["torch_xla.load"] == "fail"
+    assert rows["llama"]["status"]["torch_xla.sharded"] == "none"  # left out on torch_xla
+    assert rows["gpt2"]["status"]["torch_xla.load"] == "none"  # not run there
+    totals = merged["totals"]["causal"]
+    assert (totals["jax.load"], totals["torch_xla.load"], totals["torch_xla.rows"]) == (2, 0, 1)
+    assert "torch_xla.sharded" not in totals and merged["floor"]["causal.torch_xla.jit"] == 0
+    rendered = coverage.render(merged)
+    assert "torch_xla.load: ValueError: boom" in rendered
+    assert "re-run on 2026-01-02, torch_xla only: causal/llama" in rendered
