@@ -546,8 +546,8 @@ def render(document: dict[str, Any]) -> str:
         "",
     ]
     lines += [
-        "Per kind: the architectures of its transformers mapping, the rows run (all, or an even sample "
-        "where the mapping is marked), and per backend the rows it ran and the passes of each check.",
+        "Per kind: the architectures of its transformers mapping, the rows run (fewer: an even sample of "
+        "the mapping, `--sample`), and per backend the rows it ran and how many pass each check.",
         "",
     ]
     header = ["kind", "in transformers", "rows", "reference"]

@@ -422,10 +422,16 @@ def _feature_shape(config: Any) -> tuple[int, ...]:
         getattr(config, "audio_config", None) or getattr(config, "encoder_config", None) or config
     )
     mels = getattr(audio, "num_mel_bins", None)
-    if isinstance(mels, int):
-        positions = getattr(audio, "max_source_positions", None)
-        return (2, mels, 2 * positions if isinstance(positions, int) else AUDIO_FRAMES)
-    for key in ("input_feat_per_channel", "feature_size", "num_mel_bins", "input_dim"):
+    positions = getattr(audio, "max_source_positions", None)
+    if isinstance(mels, int) and isinstance(positions, int):
+        return (2, mels, 2 * positions)
+    for key in (
+        "input_feat_per_channel",
+        "feature_projection_input_dim",
+        "feature_size",
+        "num_mel_bins",
+        "input_dim",
+    ):
         value = getattr(audio, key, None)
         if isinstance(value, int):
             return (2, AUDIO_FRAMES, value * getattr(audio, "input_channels", 1))
@@ -440,6 +446,8 @@ def _as_used(kind: str, config: Any) -> None:
         config.is_decoder = True
     if kind in ("classification", "token_classification", "audio_classification"):
         config.num_labels = 3
+    if kind == "ctc" and getattr(config, "vocab_size", None) is None:
+        config.vocab_size = tiny_configs.VOCAB  # a CTC checkpoint sets its alphabet's size
     text = config.get_text_config(decoder=True)
     if kind == "classification" and getattr(text, "pad_token_id", None) is None:
         config.pad_token_id = text.pad_token_id = pad_token_id(
