@@ -500,7 +500,7 @@ def render(document: dict[str, Any]) -> str:
             for kind, date in sorted(document.get("carried", {}).items())
         )
         + "".join(
-            f"; re-run on {date}: {', '.join(rows)}"
+            f"; re-run on {date}: {', '.join(_listed(rows))}"
             for date, rows in sorted(document.get("rerun", {}).items())
         )
         + ".",
@@ -554,8 +554,9 @@ def render(document: dict[str, Any]) -> str:
     header += [f"{b} {c}" for b in backends for c in ("rows", *KINDS["causal"][1])]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind, totals in document["totals"].items():
-        mapped = document.get("mapped", {}).get(kind)
-        cells = [kind, "?" if mapped is None else str(mapped)]
+        # Runs from before --sample ran every architecture of the mapping.
+        mapped = document.get("mapped", {}).get(kind, totals["architectures"])
+        cells = [kind, str(mapped)]
         cells += [str(totals["architectures"]), str(totals["reference"])]
         for backend in backends:
             for check in ("rows", *KINDS["causal"][1]):
@@ -600,6 +601,18 @@ def render(document: dict[str, Any]) -> str:
             lines.append(f"- **{len(archs)}** `{key.replace('`', '')}`: {', '.join(archs)}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _listed(rows: list[str]) -> list[str]:
+    """``kind/arch`` names, those of a kind with more than a few rows counted instead."""
+    by_kind: dict[str, list[str]] = collections.defaultdict(list)
+    for row in rows:
+        by_kind[row.split("/")[0]].append(row)
+    return [
+        entry
+        for kind, names in by_kind.items()
+        for entry in (names if len(names) <= 4 else [f"{len(names)} {kind} rows"])
+    ]
 
 
 def versions() -> dict[str, str]:
