@@ -518,6 +518,19 @@ def integration(session: nox.Session) -> None:
     )
 
 
+@nox.session
+def load1b(session: nox.Session) -> None:
+    """tests/test_load_1b.py: a 1B-parameter Llama (2.5 GB of random bfloat16 weights written to a tmp dir)
+    loads under an address-space limit transformers' path exceeds. Not in the CI set: minutes of CPU, 4 GB
+    of memory and 2.5 GB of disk for one test."""
+    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
+    session.install("-c", str(CONSTRAINTS), *editables)
+    env = {**TEST_ENV, "HFAX_LOAD_1B": "1"}
+    session.run(
+        "pytest", "--import-mode=importlib", str(ROOT / "tests" / "test_load_1b.py"), env=env
+    )
+
+
 @nox.session(reuse_venv=True)
 def bench(session: nox.Session) -> None:
     """Decode speed of hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).

@@ -167,7 +167,9 @@ One fresh process per row, the checkpoint's files read once before each (page ca
 time of the load call (the fastest of the repeats). `hfax-jax` streams the safetensors files into the JAX
 arrays; `hfax-jax-via-transformers` is transformers' `from_pretrained` then `hfax` `from_model`: the path
 every load took before streaming, and the one GGUF and `.bin` checkpoints still take. transformers'
-weights are summed once after loading: it maps float32 files and reads them on first use. Gemma 3 270M
+weights are summed once after loading: it maps float32 files and reads them on first use, so its
+float32 weights are the page cache's pages, never copied; hfax must copy them (XLA's CPU client keeps a
+host buffer only at a 64-byte boundary, and a safetensors file's tensors start wherever its header ends). Gemma 3 270M
 is the demo's GGUF converted once to float32 safetensors (`hfax.demo.default_model`), so it streams too.
 
 | model | dtype | engine | weights MB | base MB | peak MB | load cost MB | cost / weights | load s |

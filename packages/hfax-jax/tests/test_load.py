@@ -90,3 +90,25 @@ def test_reader_converts_a_block_of_rows_at_a_time(tmp_path, monkeypatch, stored
     expected = host_array(tensor[1:9, :, 2:6].to(target))
     assert piece.dtype == expected.dtype and piece.ctypes.data % safetensors_reader.ALIGNMENT == 0
     np.testing.assert_array_equal(piece, expected)
+
+
+def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch):
+    import jax
+    from safetensors.torch import save_file
+
+    from hfax.backends.jax import safetensors_reader
+    from hfax.backends.jax.weights import host_array
+
+    monkeypatch.setattr(
+        safetensors_reader, "PREFAULT_MIN_BYTES", 1
+    )  # every piece on its own mapping
+    tensor = torch.randn(8, 5)
+    save_file({"t": tensor}, tmp_path / "x.safetensors")
+    file = safetensors_reader.SafetensorsFile(str(tmp_path / "x.safetensors"))
+    piece = file.read("t", (slice(2, 6),))
+    file.close()
+    np.testing.assert_array_equal(piece, host_array(tensor)[2:6])
+    array = jax.device_put(piece, jax.devices("cpu")[0])
+    assert array.unsafe_buffer_pointer() == piece.ctypes.data  # kept in place, not copied
+    del piece
+    np.testing.assert_array_equal(np.asarray(array), host_array(tensor)[2:6])  # the array keeps it

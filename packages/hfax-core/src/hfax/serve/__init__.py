@@ -52,6 +52,7 @@ def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
         rows *= 2
     slot_engine.release(np.ones((slots,), bool))
     slot_engine.shift(0)
+    slot_engine.restart(0)  # and the warm-up's columns hidden
     return slot_engine
 
 

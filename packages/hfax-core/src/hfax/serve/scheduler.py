@@ -54,6 +54,9 @@ class SlotEngine(Protocol):
     def shift(self, delta: int) -> None:
         """Move every row's columns (and the clock) by ``delta``."""
 
+    def restart(self, clock: int) -> None:
+        """Put the clock at ``clock`` while every row is free: nothing is copied."""
+
     def counters(self) -> tuple[int, float]:
         """Programs compiled and seconds spent compiling so far in this process."""
 
@@ -199,7 +202,12 @@ class Scheduler:
         admitted = []
         while self._waiting and None in self._rows:
             sequence = self._waiting[0]
-            delta = self._delta(self.engine.bucket(len(sequence.ids)), sequence.max_new)
+            bucket = self.engine.bucket(len(sequence.ids))
+            if not self._spans and self.engine.clock != bucket:
+                # No row holds anything: the clock goes back to where a prompt bucket just fits, leaving
+                # every later column to this request and those joining it, without moving the cache.
+                self.engine.restart(bucket)
+            delta = self._delta(bucket, sequence.max_new)
             if delta is None:
                 break
             if delta:
@@ -219,14 +227,16 @@ class Scheduler:
 
     def _delta(self, bucket: int, max_new: int) -> int | None:
         """How far to move every row so that a prompt bucket fits before the clock and ``max_new`` columns
-        after it (0 when it fits as it is); ``None`` when no move does while the current rows run."""
+        after it (0 when it fits as it is); ``None`` when no move does while the current rows run. A move
+        goes as far left as the rows allow: a move copies the whole cache, and the columns it frees after
+        the clock put off the next one."""
         clock, length = self.engine.clock, self.engine.length
         low, high = bucket - clock, length - max_new - clock
         for first, end in self._spans.values():
             low, high = max(low, -first), min(high, length - end)
         if low > high:
             return None
-        return 0 if low <= 0 <= high else low if low > 0 else high
+        return 0 if low <= 0 <= high else low
 
     def _admit(self, row: int, sequence: Sequence) -> None:
         chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)

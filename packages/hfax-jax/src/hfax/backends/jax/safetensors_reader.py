@@ -8,7 +8,9 @@ that holds it: one read per contiguous run of its bytes, nothing mapped, nothing
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 import os
 from typing import Any
 
@@ -37,6 +39,10 @@ DTYPES = {
 ALIGNMENT = 64
 #: At most this many stored bytes are read at once when converting a piece to another dtype.
 CONVERT_BLOCK_BYTES = 4 << 20
+#: Arrays this large or larger have their pages allocated before they are read into (see :func:`empty`).
+PREFAULT_MIN_BYTES = 1 << 20
+#: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 class SafetensorsFile:
@@ -90,9 +96,19 @@ class SafetensorsFile:
 
 def empty(shape: list[int] | tuple[int, ...], dtype: Any) -> np.ndarray:
     """A new array whose data starts on a 64-byte boundary: JAX's CPU client then keeps it as the device
-    buffer instead of copying it (numpy's own allocations are 16-byte aligned: a copy, twice the bytes)."""
+    buffer instead of copying it (numpy's own allocations are 16-byte aligned: a copy, twice the bytes).
+
+    Arrays of ``PREFAULT_MIN_BYTES`` or more get their own anonymous mapping whose pages are all
+    allocated by one ``madvise(MADV_POPULATE_WRITE)`` before the read fills them, not by one page fault
+    per 4 KiB page during it. The array keeps the mapping alive; it is unmapped with the array.
+    """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes >= PREFAULT_MIN_BYTES:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(OSError):  # Linux before 5.14: the read faults the pages in
+            region.madvise(MADV_POPULATE_WRITE)
+        return np.frombuffer(region, dtype).reshape(shape)  # page-aligned
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)

@@ -5,6 +5,7 @@
     engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
     engine.read()                                     the chunk's tokens, per row, on the host
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
+    engine.restart(clock)                             every row free: move the clock only         (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
@@ -17,7 +18,8 @@ need. When the clock would run past the end for a new request, :meth:`SlotEngine
 left (or right) by the same amount, one copy of the cache.
 
 Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
-so a stream of requests compiles one prefill per prompt bucket, one decode, one shift and one start.
+so a stream of requests compiles one prefill per prompt bucket, one decode per power of two of busy rows,
+and one each of shift, restart, release and start.
 """
 
 from __future__ import annotations
@@ -309,6 +311,14 @@ def shift_program(model: Any, state: dict[str, Any], delta: Any, static: Static)
     return {**state, "states": states, "valid": valid, "clock": state["clock"] + delta}
 
 
+def restart_program(
+    model: Any, state: dict[str, Any], clock: Any, static: Static
+) -> dict[str, Any]:
+    """The clock at ``clock`` and no column visible in any row; the cache's contents stay (no row holds
+    anything, and an admitted prompt writes its row's columns and visibility whole)."""
+    return {**state, "valid": jnp.zeros_like(state["valid"]), "clock": clock}
+
+
 def release_program(model: Any, state: dict[str, Any], free: Any, static: Static) -> dict[str, Any]:
     table = state["rows"]
     return {**state, "rows": {**table, "finished": table["finished"] | free}}
@@ -387,6 +397,14 @@ class SlotEngine:
             self.state, self._replicate(np.int32(delta)), static=self._decode_static
         )
         self.clock += delta
+
+    def restart(self, clock: int) -> None:
+        """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
+        program = self.model.program("serve_restart", restart_program, donate=("state",))
+        self.state = program(
+            self.state, self._replicate(np.int32(clock)), static=self._decode_static
+        )
+        self.clock = clock
 
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()

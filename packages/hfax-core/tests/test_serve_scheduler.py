@@ -1,0 +1,124 @@
+"""Where :class:`hfax.serve.scheduler.Scheduler` puts requests in the engine's columns: an idle engine's
+clock goes back without copying the cache, and a move of busy rows goes as far left as they allow.
+
+The engine here is a stand-in that keeps only the column bookkeeping (the real one,
+``hfax.backends.jax.slots``, is tested against ``generate`` in hfax-jax and through ``hfax serve``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+from hfax.generation.rows import Sampling
+from hfax.serve.scheduler import Scheduler, Sequence
+
+BUCKET = 16
+
+
+@dataclasses.dataclass
+class Chunk:
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    count: np.ndarray
+    finished: np.ndarray
+
+
+class ColumnsEngine:
+    """Every prompt takes one bucket; each row emits token 7 until its ``max_new``; the clock advances
+    by the chunk's steps; ``shift`` and ``restart`` are recorded."""
+
+    def __init__(self, slots: int, length: int, chunk: int) -> None:
+        self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
+        self.left = np.zeros((slots,), int)
+        self.shifts: list[int] = []
+        self.restarts: list[int] = []
+        self.admitted_at: list[int] = []
+
+    def bucket(self, length: int) -> int:
+        return BUCKET
+
+    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict:
+        assert self.clock >= BUCKET and self.clock + max_new <= self.length, (
+            "columns outside the rows"
+        )
+        self.admitted_at.append(self.clock)
+        self.left[row] = max_new - 1
+        return {
+            "token": 7,
+            "logprob": 0.0,
+            "top_ids": np.zeros(5, int),
+            "top_logprobs": np.zeros(5),
+        }
+
+    def decode(self, steps: int, rows: int) -> None:
+        self.count = np.minimum(self.left, steps)
+        self.left -= self.count
+        self.clock += int(self.count.max(initial=0))
+        assert self.clock <= self.length
+
+    def read(self) -> Chunk:
+        shape = (self.slots, self.chunk)
+        top = (self.slots, self.chunk, 5)
+        return Chunk(np.full(shape, 7), np.zeros(shape), np.zeros(top, int), np.zeros(top),
+                     self.count, self.left == 0)  # fmt: skip
+
+    def release(self, free: np.ndarray) -> None:
+        self.left[free] = 0
+
+    def shift(self, delta: int) -> None:
+        self.shifts.append(delta)
+        self.clock += delta
+
+    def restart(self, clock: int) -> None:
+        self.restarts.append(clock)
+        self.clock = clock
+
+    def counters(self) -> tuple[int, float]:
+        return 0, 0.0
+
+
+def _ask(scheduler: Scheduler, max_new: int) -> list[int]:
+    tokens: list[int] = []
+    done = threading.Event()
+
+    def deliver(event) -> None:
+        tokens.extend(event.ids)
+        if event.finish:
+            done.set()
+
+    scheduler.submit([Sequence([1, 2, 3], max_new, Sampling(temperature=0.0), deliver)])
+    assert done.wait(10)
+    return tokens
+
+
+@pytest.fixture
+def scheduler():
+    engine = ColumnsEngine(slots=2, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    yield scheduler
+    scheduler.close()
+
+
+def test_an_idle_engine_restarts_its_clock_instead_of_moving_the_cache(scheduler):
+    """One request after another, each using most of the row: no cache copy, every token delivered."""
+    for _ in range(4):
+        assert _ask(scheduler, 40) == [7] * 40
+    engine = scheduler.engine
+    assert engine.shifts == [] and engine.restarts == [BUCKET] * 4
+    assert engine.admitted_at == [BUCKET] * 4
+
+
+def test_a_move_of_busy_rows_goes_as_far_left_as_they_allow(scheduler):
+    """Rows holding columns from 10 on, the clock at 50: a request needing 20 columns after the clock
+    moves every row 10 columns left (the most the rows allow; 6 would be the least that fits)."""
+    engine = scheduler.engine
+    engine.clock = 50
+    scheduler._spans = {0: (10, 54)}
+    assert scheduler._delta(BUCKET, 20) == -10
+    assert scheduler._delta(BUCKET, 10) == 0  # fits as it is: nothing moves
+    assert scheduler._delta(BUCKET, 30) is None  # cannot fit while row 0 runs
