@@ -42,8 +42,14 @@ def reference(directory) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_pretrained(directory)
 
 
+def load(directory) -> train.TransformersModule:
+    """The module, its loss 10 positions at a time: 3 chunks of 5 tokens over the 2 x 12 batch, the
+    last one padded."""
+    return train.from_pretrained(str(directory), loss_chunk=10)
+
+
 def loss(module) -> object:
-    return module(**batch()).loss
+    return module.loss(**batch())
 
 
 def flat(state) -> dict[tuple[str, ...], np.ndarray]:
@@ -86,7 +92,8 @@ def torch_adamw_steps(model: torch.nn.Module, steps: int = 10) -> list[float]:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_loss_and_gradients_equal_torch_autograd(tiny, name):
     directory, _, _ = tiny(name)
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
+    assert module.loss_head() is not None, "the loss is the chunked one"
     torch_model = reference(directory)
     expected = torch_model(**torch_batch()).loss
     expected.backward()
@@ -102,7 +109,7 @@ def test_loss_and_gradients_equal_torch_autograd(tiny, name):
 
 def test_split_merge_and_jax_jit_over_state(tiny):
     directory, _, _ = tiny("llama")
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     graphdef, state = nnx.split(module)
     import jax
 
@@ -114,7 +121,7 @@ def test_split_merge_and_jax_jit_over_state(tiny):
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
 def test_ten_adamw_steps_follow_torch(tiny, name):
     directory, _, _ = tiny(name)
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     torch_model = reference(directory)
     initial = {name: p.detach().numpy().copy() for name, p in torch_model.named_parameters()}
     losses = adamw_steps(module, nnx.Param)
@@ -157,7 +164,7 @@ def test_lora_gradients_and_steps_follow_peft(tiny, name, tmp_path):
     directory, _, _ = tiny(name)
     torch_model = peft_model(directory, name)
     torch_model.save_pretrained(tmp_path / "initial")
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     train.load_adapter(module, tmp_path / "initial")
     np.testing.assert_allclose(module_logits(module), peft_logits(torch_model), rtol=0, atol=1e-5)
 
@@ -180,7 +187,7 @@ def test_lora_gradients_and_steps_follow_peft(tiny, name, tmp_path):
 
 def test_trained_adapter_loads_in_peft_and_merged_model_in_transformers(tiny, tmp_path):
     directory, _, _ = tiny("llama")
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     train.add_lora(module, LORA_TARGETS["llama"], rank=4, alpha=8)
     before = module_logits(module)
     adamw_steps(module, nnx.LoRAParam, steps=3)
@@ -204,7 +211,7 @@ def test_trained_adapter_loads_in_peft_and_merged_model_in_transformers(tiny, tm
 
 def test_merge_and_unmerge_keep_the_output(tiny):
     directory, _, _ = tiny("llama")
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     train.add_lora(module, ["q_proj"], rank=2)
     for adapter in module.adapters.values():
         adapter.lora_b[...] = adapter.lora_b[...] + 0.1
@@ -223,7 +230,7 @@ def test_merge_and_unmerge_keep_the_output(tiny):
 
 def test_bad_lora_settings_and_labels_are_refused(tiny):
     directory, _, _ = tiny("llama")
-    module = train.from_pretrained(str(directory))
+    module = load(directory)
     with pytest.raises(ValueError, match=r"match no linear layer.*'o_proj'.*'q_proj'"):
         train.add_lora(module, ["attention"])
     with pytest.raises(ValueError, match="rank must be a positive integer"):

@@ -140,7 +140,7 @@ def evaluate(
 
     @nnx.jit
     def scored_loss(module: Any, batch: dict[str, Any]) -> Any:
-        return module(**batch).loss * scored_tokens(batch["labels"])
+        return module.loss(**batch) * scored_tokens(batch["labels"])
 
     total, count = 0.0, 0.0
     filler = ([pad_id], [IGNORE])  # fills the last batch: no scored tokens

@@ -16,9 +16,13 @@ import numpy as np
 import torch
 from flax import nnx
 
-from hfax.backends.jax.model import JaxModel
+from hfax.backends.jax.model import JaxModel, as_jax
 from hfax.backends.jax.train import lora
+from hfax.backends.jax.train import loss as chunked_loss
 from hfax.backends.jax.train import remat as remat_layers
+
+#: Positions (rows x tokens) whose logits the chunked loss holds at a time.
+DEFAULT_LOSS_CHUNK = 256
 
 
 class Buffer(nnx.Variable):
@@ -35,19 +39,31 @@ class TransformersModule(nnx.Module):
     * ``module(**inputs)`` runs the transformers forward and returns its output (``.logits``, ``.loss``
       with ``labels``); ``compute_dtype`` casts floating weights for the forward only (mixed precision:
       float32 weights and optimizer state, 16-bit matrix products); ``remat=True`` recomputes each
-      decoder layer's activations in the backward pass instead of keeping them (``remat.py``).
+      decoder layer's activations in the backward pass instead of keeping them (``remat.py``);
+    * ``module.loss(**inputs)`` is transformers' causal LM loss of ``inputs`` (``labels`` given),
+      computed ``loss_chunk`` positions (rows x tokens) at a time without the whole logits where the
+      model's head allows it (``loss.py``), by the plain forward otherwise or with ``loss_chunk=None``.
 
     ``nnx.split`` / ``nnx.merge``, ``nnx.jit``, ``nnx.grad`` and ``nnx.Optimizer(module, tx, wrt=nnx.Param)``
     work on it as on any NNX module.
     """
 
-    def __init__(self, model: JaxModel, *, compute_dtype: Any = None, remat: bool = False) -> None:
+    def __init__(
+        self,
+        model: JaxModel,
+        *,
+        compute_dtype: Any = None,
+        remat: bool = False,
+        loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
+    ) -> None:
         if not isinstance(model, JaxModel):
             raise TypeError(
                 f"TransformersModule needs an hfax JAX model, got {type(model).__name__}; load one with "
                 'hfax.AutoModelForTPU.from_pretrained(path, backend="jax")'
             )
+        check_loss_chunk(loss_chunk)
         self.model = model
+        self.loss_chunk = loss_chunk
         self.compute_dtype = None if compute_dtype is None else jnp.dtype(compute_dtype)
         self.remat = remat
         if remat:
@@ -76,6 +92,33 @@ class TransformersModule(nnx.Module):
             remat_layers.active(torch_module, self.remat),
         ):
             return self.model.apply(self.values(), **inputs)
+
+    def loss(self, *args: Any, **inputs: Any) -> jax.Array:
+        """transformers' causal LM loss of ``inputs`` (``labels`` required; ``num_items_in_batch``,
+        ``ignore_index`` and ``shift_labels`` as transformers' loss takes them)."""
+        inputs = self.model.named_inputs(args, inputs)
+        if inputs.get("labels") is None:
+            raise ValueError("module.loss needs labels; give labels=input_ids to score every token")
+        check_labels(inputs)
+        spec = self.loss_head()
+        if spec is None:
+            return self(**inputs).loss
+        labels = as_jax(inputs.pop("labels"))
+        loss_kwargs = {
+            name: inputs.pop(name) for name in chunked_loss.LOSS_KWARGS if name in inputs
+        }
+        torch_module = self.model.module
+        with chunked_loss.chunked(
+            torch_module, spec, labels, self.loss_chunk, loss_kwargs
+        ) as result:
+            self(**inputs)
+        return result.value
+
+    def loss_head(self) -> chunked_loss.Head | None:
+        """The output layer :meth:`loss` chunks over; ``None`` when it computes the plain loss."""
+        if self.loss_chunk is None:
+            return None
+        return chunked_loss.head(self.model.module, set(self.adapters))
 
     def values(self) -> dict[str, jax.Array]:
         """Every weight's current value by state name; with a ``compute_dtype``, floating parameters are
@@ -117,11 +160,25 @@ def check_labels(inputs: dict[str, Any]) -> None:
         )
 
 
+def check_loss_chunk(loss_chunk: Any) -> None:
+    if loss_chunk is not None and (not isinstance(loss_chunk, int) or loss_chunk < 1):
+        raise ValueError(
+            f"loss_chunk must be a positive number of positions or None (the plain loss), got "
+            f"{loss_chunk!r}; e.g. loss_chunk={DEFAULT_LOSS_CHUNK}"
+        )
+
+
 def to_nnx(
-    model: JaxModel, *, compute_dtype: Any = None, remat: bool = False
+    model: JaxModel,
+    *,
+    compute_dtype: Any = None,
+    remat: bool = False,
+    loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
 ) -> TransformersModule:
     """``model`` (an hfax JAX model) as a :class:`TransformersModule` sharing its placed weights."""
-    return TransformersModule(model, compute_dtype=compute_dtype, remat=remat)
+    return TransformersModule(
+        model, compute_dtype=compute_dtype, remat=remat, loss_chunk=loss_chunk
+    )
 
 
 def from_pretrained(
@@ -131,11 +188,13 @@ def from_pretrained(
     dtype: Any = None,
     compute_dtype: Any = None,
     remat: bool = False,
+    loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
     **hf_kwargs: Any,
 ) -> TransformersModule:
     """Load ``name_or_path`` with hfax's JAX backend (placed over ``mesh`` by the model's sharding plan)
     and return it as a :class:`TransformersModule`. ``dtype`` is the weights' (transformers'
-    ``from_pretrained``); ``compute_dtype`` the forward's; ``remat`` checkpoints every decoder layer."""
+    ``from_pretrained``); ``compute_dtype`` the forward's; ``remat`` checkpoints every decoder layer;
+    ``loss_chunk`` is how many positions :meth:`TransformersModule.loss` scores at a time."""
     import hfax
 
     if dtype is not None:
@@ -143,4 +202,4 @@ def from_pretrained(
     model = hfax.AutoModelForTPU.from_pretrained(
         name_or_path, backend="jax", mesh=mesh, **hf_kwargs
     )
-    return to_nnx(model, compute_dtype=compute_dtype, remat=remat)
+    return to_nnx(model, compute_dtype=compute_dtype, remat=remat, loss_chunk=loss_chunk)

@@ -46,6 +46,7 @@ class Trainer:
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}")
         self.module = module
+        _own_weights(module)
         self.optimizer = nnx.Optimizer(module, tx, wrt=wrt)
         self.wrt = wrt
         self.accumulate = accumulate
@@ -89,7 +90,7 @@ class Trainer:
 
         def weighted_loss(module: Any, micro: dict[str, jax.Array]) -> jax.Array:
             # transformers averages over a micro-batch's scored tokens; weigh it by their share
-            return module(**micro).loss * scored_tokens(micro["labels"]) / scored
+            return module.loss(**micro) * scored_tokens(micro["labels"]) / scored
 
         grad_fn = nnx.value_and_grad(weighted_loss, argnums=nnx.DiffState(0, self.wrt))
         loss, grads = jnp.zeros((), jnp.float32), None
@@ -105,6 +106,29 @@ class Trainer:
 def scored_tokens(labels: jax.Array) -> jax.Array:
     """How many tokens a causal LM loss averages over: labels after the first column, not ignored."""
     return jnp.sum(labels[:, 1:] != IGNORE).astype(jnp.float32)
+
+
+def _own_weights(module: Any) -> None:
+    """Give every CPU weight a buffer of XLA's own, one weight at a time, releasing the loaded one.
+
+    On CPU the loader's arrays are the very bytes it read from the checkpoint, a buffer XLA did not
+    allocate and so cannot reuse for the step's donated output: the first step would copy every weight
+    while the loaded ones still live, a peak of one more copy of the model in both full and LoRA
+    training. The loaded model's arrays go the way the step's donation sends them anyway; ``step``
+    gives it the trained ones.
+    """
+    copies: dict[int, jax.Array] = {}  # by the loaded array's id: one weight under two names
+    loaded_arrays = []  # keeps each id taken until the loop ends
+    for name, variable in module.weights.items():
+        loaded = variable.get_value()
+        if not isinstance(loaded, jax.Array) or {d.platform for d in loaded.devices()} != {"cpu"}:
+            continue
+        if id(loaded) not in copies:
+            copies[id(loaded)] = jnp.copy(loaded)
+            loaded_arrays.append(loaded)
+        variable.set_value(copies[id(loaded)])
+        module.model.params[name] = copies[id(loaded)]
+        loaded.delete()
 
 
 def _committed(mesh: Any, value: Any) -> Any:
