@@ -39,6 +39,7 @@ TEST_ENV = {"HFAX_STRICT_PLUGINS": "1", "XLA_FLAGS": "--xla_force_host_platform_
 
 #: What plain `nox` (and so CI) runs. "torchxla" is last: its venv differs (torch 2.9), and its first run downloads 3.5 GB.
 nox.options.sessions = [
+    "lint",
     "core",
     "jax",
     "llama",
