@@ -159,14 +159,10 @@ def load(url: str, model: str, requests: list[tuple[list[int], int]], clients: i
     }
 
 
-def one_at_a_time(engine: str, path: str, dtype: str, requests: list[tuple[list[int], int]],
-                  batch: int) -> dict[str, Any]:  # fmt: skip
-    """The requests one after another through ``engine``'s generate (greedy, stopping at EOS); for
-    ``hfax-generate-batched``, ``batch`` at a time in one ``generate`` call each."""
+def one_at_a_time(engine: str, path: str, dtype: str, requests: list[tuple[list[int], int]]) -> dict[str, Any]:  # fmt: skip
+    """The requests one after another through ``engine``'s generate (greedy, stopping at EOS)."""
     import torch
 
-    if engine == "hfax-generate-batched":
-        return batched(path, dtype, requests, batch)
     if engine == "hfax-generate":
         from hfax import AutoModelForCausalLM
 
@@ -261,7 +257,9 @@ def run_model(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, A
     finally:
         server.stop()
     baselines = [
-        one_at_a_time(engine, path, args.dtype, requests, args.max_batch)
+        batched(path, args.dtype, requests, args.max_batch)
+        if engine == "hfax-generate-batched"
+        else one_at_a_time(engine, path, args.dtype, requests)
         for engine in args.baselines
     ]
     for row in baselines:

@@ -24,6 +24,14 @@ coverage = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(coverage)
 
 DOCUMENT = json.loads((ROOT / "docs" / "coverage.json").read_text())
+#: A run's metadata for the tests that summarize made-up rows.
+RUN_META = {
+    "generated": "2026-01-02",
+    "minutes": 1.0,
+    "versions": DOCUMENT["versions"],
+    "backends": ["jax"],
+    "unavailable": {},
+}
 SAMPLE = int(os.environ.get("HFAX_COVERAGE_SAMPLE", "8"))
 
 
@@ -111,13 +119,7 @@ def test_sample_still_passes():
 
 
 def test_a_run_of_some_kinds_keeps_the_other_kinds_rows():
-    meta = {
-        "generated": "2026-01-02",
-        "minutes": 1.0,
-        "versions": DOCUMENT["versions"],
-        "backends": ["jax"],
-        "unavailable": {},
-    }
+    meta = RUN_META
     row = {"status": {"reference": "pass"}, "errors": {}, "seconds": 1.0}
     previous = coverage.summarize(
         {"causal": {"llama": row}, "encoder": {"bert": row}},
@@ -138,13 +140,7 @@ def test_a_run_of_some_kinds_keeps_the_other_kinds_rows():
 
 
 def test_merge_replaces_the_rows_it_ran_again():
-    meta = {
-        "generated": "2026-01-02",
-        "minutes": 1.0,
-        "versions": DOCUMENT["versions"],
-        "backends": ["jax"],
-        "unavailable": {},
-    }
+    meta = RUN_META
     passing = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
     failing = {"status": {"reference": "fail"}, "errors": {"reference": "boom"}, "seconds": 1.0}
     previous = coverage.summarize(
@@ -159,13 +155,7 @@ def test_merge_replaces_the_rows_it_ran_again():
 
 def test_a_backends_run_adds_its_column_to_the_rows():
     """The torch_xla column comes from its own venv: merged, its cells join the JAX rows, which stay."""
-    meta = {
-        "generated": "2026-01-02",
-        "minutes": 1.0,
-        "versions": DOCUMENT["versions"],
-        "backends": ["jax"],
-        "unavailable": {},
-    }
+    meta = RUN_META
     jax_row = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
     previous = coverage.summarize(
         {"causal": {"llama": jax_row, "gpt2": jax_row}}, {**meta, "generated": "2026-01-01"}, None

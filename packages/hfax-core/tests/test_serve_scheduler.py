@@ -6,26 +6,15 @@ The engine here is a stand-in that keeps only the column bookkeeping (the real o
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
 import pytest
 
 from hfax.generation.rows import Sampling
-from hfax.serve.scheduler import Scheduler, Sequence
+from hfax.serve.scheduler import Chunk, Scheduler, Sequence
 
 BUCKET = 16
-
-
-@dataclasses.dataclass
-class Chunk:
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    top_ids: np.ndarray
-    top_logprobs: np.ndarray
-    count: np.ndarray
-    finished: np.ndarray
 
 
 class ColumnsEngine:

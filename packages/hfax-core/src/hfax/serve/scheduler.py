@@ -27,6 +27,20 @@ from hfax.generation.rows import Sampling
 log = logging.getLogger("hfax.serve")
 
 
+@dataclasses.dataclass
+class Chunk:
+    """What one decode chunk produced (host arrays): per row, ``count`` new tokens in ``tokens[:, :count]``
+    with their ``logprobs`` and ``top_ids``/``top_logprobs``, and whether the row has ``finished`` (an EOS
+    token or its limit)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    count: np.ndarray
+    finished: np.ndarray
+
+
 class SlotEngine(Protocol):
     """What a backend gives the scheduler: a fixed number of rows decoded together."""
 
@@ -44,9 +58,8 @@ class SlotEngine(Protocol):
     def decode(self, steps: int, rows: int) -> None:
         """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
 
-    def read(self) -> Any:
-        """The last chunk's tokens per row (``tokens``, ``logprobs``, ``top_ids``, ``top_logprobs``,
-        ``count``, ``finished``); waits for the device."""
+    def read(self) -> Chunk:
+        """The last chunk's tokens per row; waits for the device."""
 
     def release(self, free: np.ndarray) -> None:
         """Mark rows finished so that no decode step waits for them."""

@@ -44,20 +44,7 @@ from hfax.backends.jax.generation import (
 )
 from hfax.generation import processors, rows, tokens
 from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket
-
-
-@dataclasses.dataclass
-class Chunk:
-    """What one decode chunk produced (host arrays): per row, ``count`` new tokens in ``tokens[:, :count]``
-    with their ``logprobs`` and ``top_ids``/``top_logprobs``, and whether the row has ``finished`` (an EOS
-    token or its limit)."""
-
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    top_ids: np.ndarray
-    top_logprobs: np.ndarray
-    count: np.ndarray
-    finished: np.ndarray
+from hfax.serve.scheduler import Chunk
 
 
 def check_servable(model: Any) -> None:
