@@ -13,6 +13,7 @@ for speed, but a dependency dropped from a pyproject then lingers; CI never reus
 from __future__ import annotations
 
 import configparser
+import functools
 import json
 import os
 import shutil
@@ -49,6 +50,26 @@ nox.options.sessions = [
     "integration",
     "torchxla",
 ]
+
+#: `HFAX_NOX_DROP_VENVS=1` (.ci/run sets it): each session of the CI set deletes its venv when it ends. CI never
+#: reuses a venv, and all of them together (about 20 GB: five with torch 2.13, torchxla's with the CUDA build
+#: of torch 2.9) outgrew a CI machine's free disk; one at a time the peak is torchxla's alone.
+DROP_VENVS = os.environ.get("HFAX_NOX_DROP_VENVS") == "1"
+
+
+def drops_venv(function):
+    """The session, deleting its venv (and so its tmp dir) when it ends, pass or fail, if DROP_VENVS."""
+
+    @functools.wraps(function)
+    def run(session: nox.Session) -> None:
+        try:
+            function(session)
+        finally:
+            if DROP_VENVS:
+                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+    return run
+
 
 #: The packages `integration` installs together (all of them that share constraints.txt's torch).
 INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"]
@@ -116,6 +137,7 @@ TYPED = ("hfax", "hfax.auto", "hfax.hookspecs", "hfax.plugins", "hfax.patching",
 
 
 @nox.session
+@drops_venv
 def lint(session: nox.Session) -> None:
     """ruff format --check and ruff check over the whole tree; mypy over hfax-core's public API."""
     session.install("-c", str(CONSTRAINTS), "ruff", "mypy", str(PACKAGES / "hfax-core"))
@@ -128,24 +150,28 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@drops_venv
 def core(session: nox.Session) -> None:
     """hfax-core alone: no torch, no jax."""
     test_package(session, "hfax-core")
 
 
 @nox.session
+@drops_venv
 def jax(session: nox.Session) -> None:
     """hfax-jax, the JAX backend (torchax)."""
     test_package(session, "hfax-jax")
 
 
 @nox.session
+@drops_venv
 def llama(session: nox.Session) -> None:
     """hfax-patches-llama, the Llama family."""
     test_package(session, "hfax-patches-llama")
 
 
 @nox.session
+@drops_venv
 def gemma(session: nox.Session) -> None:
     """hfax-patches-gemma, the Gemma family."""
     test_package(session, "hfax-patches-gemma")
@@ -274,6 +300,7 @@ def install_torchxla(session: nox.Session) -> None:
 
 
 @nox.session
+@drops_venv
 def torchxla(session: nox.Session) -> None:
     """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py, test_forward_vision.py on it."""
     directory = PACKAGES / "hfax-torchxla"
@@ -343,6 +370,7 @@ def wheel_problems(name: str, files: list[str], entry_points: dict[str, str]) ->
 
 
 @nox.session
+@drops_venv
 def wheels(session: nox.Session) -> None:
     """Build every wheel into dist/ and check the namespace split: who owns hfax/__init__.py, entry points."""
     packages = sorted(path.parent for path in PACKAGES.glob("*/pyproject.toml"))
@@ -437,6 +465,7 @@ def readme_install_command() -> list[str]:
 
 
 @nox.session(requires=["wheels"])
+@drops_venv
 def install(session: nox.Session) -> None:
     """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax. From the
     clone: the README's command installs into a fresh venv, where the README's Python blocks run."""
@@ -514,6 +543,7 @@ def install(session: nox.Session) -> None:
 
 
 @nox.session
+@drops_venv
 def integration(session: nox.Session) -> None:
     """All packages installed editable together (tests/test_namespace.py checks they import), then tests/."""
     editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
