@@ -70,3 +70,12 @@ def test_type_as_converts_a_copy_and_takes_a_view():
         assert (
             converted.dtype == torch.float32 and halves.dtype == torch.bfloat16
         )  # `self` unchanged
+
+
+def test_indexing_by_cpu_index_tensors_like_pytorch():
+    # GOT-OCR2's (SAM's) relative positions: `table[coords.long()]`, coords made by a device-less arange.
+    table = torch.arange(20.0).reshape(5, 4)
+    rows = torch.arange(3)[:, None] - torch.arange(3)[None, :] + 2
+    columns = torch.tensor([3, 0, 1])
+    for index in (rows, (rows, columns), (slice(None), columns), [columns]):
+        np.testing.assert_array_equal(on_jax(lambda t: t[index], table), table[index].numpy())

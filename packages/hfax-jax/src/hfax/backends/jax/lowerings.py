@@ -208,9 +208,28 @@ def _copy_from_views(environment: Any, original: Callable[..., Any]) -> Callable
     return copy_
 
 
-#: In-place torch operations: a wrapper of torchax's own lowering, which works on torchax tensors.
-IN_PLACE: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
+def _cpu_indices(environment: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.__getitem__`` with index tensors made on the CPU (SAM's and GOT-OCR2's relative positions,
+    ``table[torch.arange(n)[:, None] - ...]``): PyTorch indexes an accelerator's tensor with CPU indices,
+    torchax refuses them as mixed math. They become constants on the JAX device."""
+
+    def on_device(index: Any) -> Any:
+        if type(index) is torch.Tensor and index.ndim:  # a 0-d one torchax reads as a Python number
+            return environment.j2t_iso(jax.numpy.asarray(index.numpy()))
+        return index
+
+    def getitem(self: Any, indexes: Any) -> Any:
+        if isinstance(indexes, (tuple, list)):
+            indexes = type(indexes)(on_device(index) for index in indexes)
+        return original(self, on_device(indexes))
+
+    return getitem
+
+
+#: torch operations whose torchax lowering is wrapped: it works on torchax tensors, given its arguments fixed.
+WRAPPED: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
     torch.ops.aten.copy_.default: _copy_from_views,
+    torch.Tensor.__getitem__: _cpu_indices,
 }
 
 
@@ -252,7 +271,7 @@ TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {
 
 
 def install(environment: Any, tensor_class: Any = None) -> None:
-    """Register :data:`LOWERINGS` (after :data:`TORCH_LOWERINGS`) and :data:`IN_PLACE` in a torchax environment,
+    """Register :data:`LOWERINGS` (after :data:`TORCH_LOWERINGS`) and :data:`WRAPPED` in a torchax environment,
     and :data:`METHODS` on its ``tensor_class`` (idempotent)."""
     for name, method in METHODS.items():
         if tensor_class is not None:
@@ -271,7 +290,7 @@ def install(environment: Any, tensor_class: Any = None) -> None:
 
     for function, fn in LOWERINGS.items():
         environment.override_op_definition(function, lowered(function, fn))
-    for op, wrap in IN_PLACE.items():
+    for op, wrap in WRAPPED.items():
         original = environment._ops.get(op) or environment._ops[op.overloadpacket]
         if not getattr(original.func, "hfax_wrapped", False):
             wrapped = wrap(environment, original.func)
