@@ -110,6 +110,20 @@ def test_sliding_windows_shorter_than_the_prompt_decode_like_transformers(tiny, 
     )
 
 
+def test_gpt_neo_local_attention_within_its_window_and_refused_beyond(tiny):
+    # GPT-Neo's local layers mask by their own table, sliced as if the cache held exactly the tokens so far:
+    # right while the static cache fits in the window, wrong tokens beyond it, so refused there.
+    _, ref, model = tiny("gpt_neo")
+    ids = np.array([[1, 5, 9, 23, 7, 3, 44, 101, 17]])
+    out = model.generate(
+        ids, max_new_tokens=12
+    )  # 16 prompt slots + 16 new: within the window of 40
+    assert_same_continuation(reference_generate(ref, ids, max_new_tokens=12), out, pad_token_id=0)
+    with pytest.raises(NotImplementedError, match="window_size 40"):
+        model.generate(ids, max_new_tokens=30)  # 16 + 32 slots
+    np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12)), as_numpy(out))
+
+
 def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
     _, ref, model = tiny("llama")
     ids = np.array([PROMPTS[0]])

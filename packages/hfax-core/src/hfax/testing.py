@@ -90,7 +90,7 @@ def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
     ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
     ``"gemma2"`` (sliding and full layers), ``"gemma3"`` (a sliding layer of window 4, then a full one; tied
-    embeddings, query/key norms), ``"gpt2"``, ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
+    embeddings, query/key norms), ``"gpt2"``, ``"gpt_neo"`` (a local layer of window 40), ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
     import transformers
 
     if name == "llama":
@@ -158,6 +158,17 @@ def tiny_config(name: str) -> Any:
     if name == "gpt2":
         return transformers.GPT2Config(
             n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, **TINY_SPECIAL
+        )
+    if name == "gpt_neo":  # a global layer, then a local one whose window is its own table
+        return transformers.GPTNeoConfig(
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=40,
+            vocab_size=128,
+            max_position_embeddings=256,
+            **TINY_SPECIAL,
         )
     if name == "mamba":
         return transformers.MambaConfig(

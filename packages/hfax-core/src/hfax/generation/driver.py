@@ -24,7 +24,14 @@ import numpy as np
 
 from hfax.generation import inputs as model_inputs
 from hfax.generation import outputs, settings, tokens
-from hfax.generation.shapes import MIN_LENGTH_BUCKET, STREAM_CHUNK, accepts, bucket, pad_prompts
+from hfax.generation.shapes import (
+    MIN_LENGTH_BUCKET,
+    STREAM_CHUNK,
+    accepts,
+    bucket,
+    check_static_cache,
+    pad_prompts,
+)
 
 #: New tokens per chunk when the host checks stop strings or a time limit between chunks.
 CHECK_CHUNK = 16
@@ -126,6 +133,7 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
     )
+    check_static_cache(model.module, decoding.prompt + decoding.capacity)
     return Plan(
         ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
     )

@@ -16,6 +16,28 @@ MIN_LENGTH_BUCKET = 16
 STREAM_CHUNK = 8
 
 
+#: Model types whose local-attention layers mask by a fixed table of their own, sliced as if the cache held
+#: exactly the tokens so far (transformers marks them ``_can_compile_fullgraph = False``), and the config
+#: field of that table's window. In a static cache longer than the window their queries see the wrong keys.
+LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
+
+
+def check_static_cache(module: Any, length: int) -> None:
+    """Refuse a static cache of ``length`` positions that ``module`` (a transformers model) would read wrong."""
+    config = module.config
+    field = LOCAL_ATTENTION_TABLES.get(getattr(config, "model_type", ""))
+    window = getattr(config, field, None) if field else None
+    local = "local" in (getattr(config, "attention_layers", None) or ())
+    if window is not None and local and length > window:
+        raise NotImplementedError(
+            f"{type(module).__name__}'s local attention layers mask by a table that assumes the cache holds "
+            f"exactly the tokens so far (transformers does not compile it with a static cache either); this "
+            f"call needs a static cache of {length} positions (the prompt and the new tokens, each rounded up "
+            f"to a bucket), more than its window_size {window}, where its tokens would be wrong. Keep the "
+            f"prompt and max_new_tokens within {window} positions in all, or use transformers' own generate"
+        )
+
+
 def bucket(n: int, minimum: int) -> int:
     """The smallest power-of-two multiple of ``minimum`` that holds ``n``."""
     size = minimum

@@ -17,6 +17,7 @@ from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.backends.jax.weights import host_tensor
 from hfax.generation import inputs as model_inputs
+from hfax.generation.shapes import check_static_cache
 from hfax.model import BackendModel
 
 
@@ -172,6 +173,7 @@ class JaxModel(BackendModel):
         from hfax.backends.jax.slots import SlotEngine
 
         self.check_can_generate()
+        check_static_cache(self.module, length)
         return SlotEngine(self, slots, length, chunk)
 
 
