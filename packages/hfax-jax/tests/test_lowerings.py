@@ -78,4 +78,6 @@ def test_indexing_by_cpu_index_tensors_like_pytorch():
     rows = torch.arange(3)[:, None] - torch.arange(3)[None, :] + 2
     columns = torch.tensor([3, 0, 1])
     for index in (rows, (rows, columns), (slice(None), columns), [columns]):
-        np.testing.assert_array_equal(on_jax(lambda t: t[index], table), table[index].numpy())
+        np.testing.assert_array_equal(
+            on_jax(lambda t, index=index: t[index], table), table[index].numpy()
+        )

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 
 from hfax.backends.jax import monitor, pytrees
-from hfax.backends.jax.mesh import adopt, make_mesh
+from hfax.backends.jax.mesh import adopt, make_mesh, replicate_position_tables
 from hfax.backends.jax.model import JaxModel
 
 
@@ -41,6 +41,8 @@ class JaxBackend:
         def compile_step(fn: Any, **options: Any) -> Any:
             return hook.hfax_compile_step(fn=fn, backend=self.name, **options)
 
+        if mesh is not None:
+            replicate_position_tables(model, mesh)
         return JaxModel(
             model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step
         )

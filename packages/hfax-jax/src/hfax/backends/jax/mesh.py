@@ -161,3 +161,25 @@ def replicate(tree: Any, mesh: Mesh | None) -> Any:
 def constrain(tree: Any, sharding: Any) -> Any:
     """``jax.lax.with_sharding_constraint`` on every array of ``tree``; ``sharding(shape)`` picks each one's."""
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding(x.shape)), tree)
+
+
+def replicate_position_tables(module: Any, mesh: Mesh) -> None:
+    """Keep the cos/sin tables of ``module``'s rotary-embedding submodules (transformers names their classes
+    ``...RotaryEmbedding``) whole on every device, wherever the model runs on ``mesh``.
+
+    They are small (``[batch, tokens, head_dim]``) and every attention layer reads them. Left to sharding
+    propagation under a ``model`` or ``fsdp`` axis, XLA partitions Qwen3.5's interleaved multimodal table
+    (strided in-place writes into a slice of it) so that it comes out wrong: a sharded Qwen3.5's logits
+    differed from PyTorch's by 0.7, where one device gives 3e-5.
+    """
+    from hfax.backends.jax.runtime import to_array, to_tensor
+
+    whole = NamedSharding(mesh, PartitionSpec())
+
+    def whole_tables(_module: Any, _inputs: Any, output: Any) -> Any:
+        arrays = jax.tree.map(to_array, output)
+        return to_tensor(constrain(arrays, lambda shape: whole))
+
+    for submodule in module.modules():
+        if type(submodule).__name__.endswith("RotaryEmbedding"):
+            submodule.register_forward_hook(whole_tables)
