@@ -124,6 +124,19 @@ def test_gpt_neo_local_attention_within_its_window_and_refused_beyond(tiny):
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12)), as_numpy(out))
 
 
+def test_moshi_prompt_within_its_cache_window_and_refused_beyond(tiny):
+    # Moshi masks causally with no window, while transformers' cache keeps only sliding_window tokens: its
+    # generate reads the prompt whole and the later tokens through the window, as hfax does (the same
+    # tokens, past the window too) while the prompt fits in the window; a longer prompt is refused.
+    _, ref, model = tiny("moshi")
+    ids = np.array([[1, 5, 9, 23, 7, 3, 44, 101, 17]])
+    out = model.generate(ids, max_new_tokens=16)  # 9 + 16 positions, past the window of 16
+    assert_same_continuation(reference_generate(ref, ids, max_new_tokens=16), out, pad_token_id=0)
+    with pytest.raises(NotImplementedError, match="sliding_window=16"):
+        model.generate(np.tile(ids, 2), max_new_tokens=4)  # a prompt of 18 tokens
+    np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=16)), as_numpy(out))
+
+
 def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):
     _, ref, model = tiny("llama")
     ids = np.array([PROMPTS[0]])

@@ -90,7 +90,7 @@ def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
     ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
     ``"gemma2"`` (sliding and full layers), ``"gemma3"`` (a sliding layer of window 4, then a full one; tied
-    embeddings, query/key norms), ``"gpt2"``, ``"gpt_neo"`` (a local layer of window 40), ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
+    embeddings, query/key norms), ``"gpt2"``, ``"gpt_neo"`` (a local layer of window 40), ``"moshi"`` (a cache window of 16 its masks ignore), ``"mamba"`` (recurrent layers, no attention), ``"bert"``."""
     import transformers
 
     if name == "llama":
@@ -166,6 +166,23 @@ def tiny_config(name: str) -> Any:
             num_heads=4,
             attention_types=[[["global", "local"], 1]],
             window_size=40,
+            vocab_size=128,
+            max_position_embeddings=256,
+            **TINY_SPECIAL,
+        )
+    if (
+        name == "moshi"
+    ):  # Moshi's text decoder: its config's window reaches transformers' cache only
+        return transformers.MoshiConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            ffn_dim=128,
+            sliding_window=16,
+            audio_vocab_size=64,
+            num_codebooks=2,
             vocab_size=128,
             max_position_embeddings=256,
             **TINY_SPECIAL,

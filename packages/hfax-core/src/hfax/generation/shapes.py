@@ -6,6 +6,7 @@ Backend-neutral: numpy and the model's config only. No torch or jax is imported 
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ STREAM_CHUNK = 8
 LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 
 
-def check_static_cache(module: Any, length: int) -> None:
-    """Refuse a static cache of ``length`` positions that ``module`` (a transformers model) would read wrong."""
+def check_static_cache(module: Any, length: int, prompt: int = 0) -> None:
+    """Refuse a static cache of ``length`` slots, after a prompt ``prompt`` tokens wide (padding
+    included), that ``module`` (a transformers model) would read wrong."""
     config = module.config
     field = LOCAL_ATTENTION_TABLES.get(getattr(config, "model_type", ""))
     window = getattr(config, field, None) if field else None
@@ -36,6 +38,35 @@ def check_static_cache(module: Any, length: int) -> None:
             f"to a bucket), more than its window_size {window}, where its tokens would be wrong. Keep the "
             f"prompt and max_new_tokens within {window} positions in all, or use transformers' own generate"
         )
+    window = _window_of_the_cache_only(module)
+    if window is not None and prompt > window:
+        raise NotImplementedError(
+            f"{type(module).__name__} masks attention causally with no window, but transformers' cache for "
+            f"it keeps only the last sliding_window={window} tokens: transformers' generate reads a prompt "
+            f"whole and every later token through the window, which hfax's one mask for both cannot follow "
+            f"for a prompt {prompt} tokens wide (padding included). Keep prompts within {window} tokens, or "
+            f"use transformers' own generate"
+        )
+
+
+def _window_of_the_cache_only(module: Any) -> int | None:
+    """The sliding window transformers' dynamic cache applies to ``module`` while its attention masks
+    ignore it (Moshi): a config with ``sliding_window`` and no ``layer_types`` gets sliding cache layers,
+    yet the model's code builds its mask with ``create_causal_mask`` only. ``None`` for every other model."""
+    config = module.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or getattr(config, "layer_types", None):
+        return None
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("transformers.models."):
+            namespace = vars(sys.modules[cls.__module__])
+            windowed = ("create_sliding_window_causal_mask", "create_masks_for_generate")
+            if "create_causal_mask" in namespace and not any(
+                name in namespace for name in windowed
+            ):
+                return window
+            return None
+    return None
 
 
 def bucket(n: int, minimum: int) -> int:
