@@ -15,6 +15,7 @@ from hfax.testing import (
     left_padded,
     reference_forward,
     reference_generate,
+    save_tiny,
     tiny_models,
 )
 
@@ -135,6 +136,35 @@ def test_moshi_prompt_within_its_cache_window_and_refused_beyond(tiny):
     with pytest.raises(NotImplementedError, match="sliding_window=16"):
         model.generate(np.tile(ids, 2), max_new_tokens=4)  # a prompt of 18 tokens
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=16)), as_numpy(out))
+
+
+def test_t5gemma2_joins_its_masks_of_one_type(backend, tmp_path):
+    # T5Gemma 2's decoder concatenates its self-attention mask (hfax's, ready) with the cross-attention
+    # mask it builds itself (booleans under sdpa): an additive float mask beside booleans read them as
+    # +1 and 0, so the source's padding was attended and the first row's tokens differed.
+    import transformers
+
+    import hfax
+
+    text = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                sliding_window=4, max_position_embeddings=256)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)  # fmt: skip
+    config = transformers.T5Gemma2Config(
+        encoder=transformers.T5Gemma2EncoderConfig(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4
+        ),
+        decoder=transformers.T5Gemma2DecoderConfig(**text),
+    )
+    reference = save_tiny(config, tmp_path, "AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path), backend=backend)
+    ids = np.array([[5, 17, 33, 9, 41, 8, 22, 60, 3], [0, 0, 0, 12, 50, 7, 31, 44, 90]])
+    mask = (np.arange(9) >= np.array([[0], [3]])).astype(np.int64)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, attention_mask=mask, max_new_tokens=6)),
+        reference_generate(reference, ids, mask, max_new_tokens=6),
+    )
 
 
 def test_eos_pads_the_rest_and_min_new_tokens_delays_it(tiny):

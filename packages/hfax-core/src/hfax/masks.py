@@ -3,8 +3,12 @@
 A slot cache holds ``length`` positions per row; prompt tokens sit left-padded in the first slots and new
 tokens follow. transformers accepts a ready 4-D mask (or, for hybrid models, a dict of them by layer type)
 and then skips its own mask construction, which reads Python-int lengths off the cache and syncs with the
-host (``padding_mask.all()``). The masks are additive (0 where a query may look, the dtype's minimum
-elsewhere), which every attention implementation accepts.
+host (``padding_mask.all()``). The masks are of the type transformers' own mask function for the model's
+attention implementation makes: booleans for ``sdpa`` (True where a query may look), else additive (0
+there, the dtype's minimum elsewhere, as ``eager`` and hfax's ``hfax_jax`` attention take them). A model
+that joins the ready mask to one it builds itself (T5Gemma 2 concatenates its decoder's mask with the
+cross-attention mask) needs the two of one type: a float mask joined to a boolean one reads the
+booleans as additive 1 and 0, and padding of the source is attended.
 
 Some models read the 2-D padding mask for more than attention: recurrent (Mamba-style, linear-attention)
 layers zero the padding positions of their input with it, ALiBi models count their position biases along
@@ -39,11 +43,12 @@ class MaskPlan:
     """How a model gets its ``attention_mask`` (hashable: part of a compiled program's static structure).
 
     ``spans`` is ``((layer type, Span), ...)``; ``two_d`` says the model takes the 2-D padding mask and
-    builds its attention masks itself.
+    builds its attention masks itself; ``boolean`` that its ready masks are booleans, not additive.
     """
 
     spans: tuple[tuple[str, Span], ...]
     two_d: bool = False
+    boolean: bool = False
 
 
 def layer_windows(config: Any) -> dict[str, int | None]:
@@ -88,7 +93,9 @@ def plan(config: Any, module: Any = None) -> MaskPlan:
         or _uses_alibi(config, module)
         or not _uses_masking_utils(module)
     )
-    return MaskPlan(spans, two_d=two_d)
+    # transformers' sdpa_mask makes booleans; eager_mask (eager, hfax_jax) additive masks.
+    boolean = getattr(config.get_text_config(decoder=True), "_attn_implementation", None) == "sdpa"
+    return MaskPlan(spans, two_d=two_d, boolean=boolean)
 
 
 def has_recurrent_layers(config: Any) -> bool:
@@ -148,6 +155,8 @@ def attention_mask(
     """
     if mask_plan.two_d:
         return valid.long()
+    if mask_plan.boolean:
+        dtype = None
     return build(dict(mask_plan.spans), valid, query_slots, dtype, blocks)
 
 
@@ -163,7 +172,8 @@ def block_ids(module: Any) -> Any:
 
 def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any,
           blocks: Any = None) -> Any:  # fmt: skip
-    """Additive masks for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
+    """Additive masks (booleans for ``dtype`` ``None``) for a forward whose queries sit at
+    ``query_slots`` (shape ``[q]``).
 
     ``spans`` maps layer types to a :class:`Span` (or a sliding window, ``None`` = full attention).
     ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token.
@@ -182,7 +192,11 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
         query_blocks = blocks[:, query_slots]
         same = (query_blocks[:, :, None] == blocks[:, None, :]) & (query_blocks >= 0)[:, :, None]
         causal = (causal[None] | same)[:, None]  # [batch, 1, q, length]
-    blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
+    blocked = (
+        None
+        if dtype is None
+        else torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
+    )
     masks = {}
     for kind, span in spans.items():
         span = span if isinstance(span, Span) else Span(window=span)
@@ -197,7 +211,9 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
             allowed = allowed & (
                 positions[:, None, query_slots, None] == positions[:, None, None, :]
             )
-        masks[kind] = torch.where(
-            allowed, torch.zeros((), dtype=dtype, device=valid.device), blocked
+        masks[kind] = (
+            allowed
+            if blocked is None
+            else torch.where(allowed, torch.zeros((), dtype=dtype, device=valid.device), blocked)
         )
     return masks if len(masks) > 1 else next(iter(masks.values()))
