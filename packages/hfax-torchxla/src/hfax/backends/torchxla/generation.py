@@ -8,11 +8,12 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
 * The KV cache is transformers' own ``StaticLayer`` for every layer, full length (a sliding window is
   applied by the mask, never by slicing): buffers written in place at a tensor position. An
   encoder-decoder's is transformers' ``EncoderDecoderCache``: ``StaticLayer`` self-attention, and
-  cross-attention layers as long as the encoder's output, filled once in prefill and read after. The mask comes
-  from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
+  cross-attention layers as long as the encoder's output, filled once in prefill and read after. The mask
+  comes from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
   spans), or the 2-D padding mask for models that build theirs themselves (ALiBi, recurrent layers).
 * Prefill runs once per call as one lazy-tensor graph, with the first token's choice (one compilation per
-  bucket, then a cache hit; an encoder-decoder's encoder runs in it, on text ids or audio features); the decode step goes through the ``hfax_compile_step`` hook
+  bucket, then a cache hit; an encoder-decoder's encoder runs in it, on text ids or audio features); the
+  decode step goes through the ``hfax_compile_step`` hook
   (``torch.compile(backend="openxla")``): dynamo traces it once per bucket and every later token runs the
   cached program without re-tracing Python. The token choice in both is hfax-core's torch code
   (:mod:`hfax.generation.tokens`); beam search reorders the cache's rows by the indices it returns.
