@@ -248,11 +248,12 @@ def missing_wheels(pins: list[tuple[Requirement, str]], directory: Path) -> list
 
 
 #: What the torchxla session runs of tests/test_generate_features.py: every processor on Llama, beam
-#: search, EOS stopping, fresh and seeded sampling, result types. torch_xla compiles slowly on CPU and one
-#: process compiles at most ~48 programs: the whole file (45 cases) is run by hand, in two processes.
+#: search, EOS stopping, fresh and seeded sampling, result types, BART greedy and beams. torch_xla
+#: compiles slowly on CPU and one process compiles at most ~48 programs: the whole file (45 cases) is
+#: run by hand, in two processes.
 TORCHXLA_FEATURES = (
     "(llama and greedy_processors) or beam_search_matches or batch_of_one or eos_none"
-    " or sampling_is_fresh or result_has_the_type"
+    " or sampling_is_fresh or result_has_the_type or encoder_decoder"
 )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 import transformers
 
 import hfax
@@ -78,19 +77,3 @@ def test_beam_search_matches_transformers(tmp_path):
     expected = reference_generate(reference, ids, mask, **options)
     actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
     np.testing.assert_array_equal(actual, expected)
-
-
-def test_encoder_decoders_are_refused_before_anything_runs(tmp_path):
-    config = transformers.T5Config(
-        vocab_size=64,
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_heads=4,
-        decoder_start_token_id=0,
-    )
-    save_tiny(config, tmp_path, "AutoModelForSeq2SeqLM")
-    model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path), backend="torch_xla")
-    with pytest.raises(NotImplementedError, match="encoder-decoder"):
-        model.generate(np.array([[3, 4, 5]]), max_new_tokens=4)

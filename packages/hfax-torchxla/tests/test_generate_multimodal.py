@@ -1,6 +1,6 @@
-"""generate with images on PyTorch/XLA: a processor's output goes in as it is, the image encoder runs in the
-prefill graph, and the tokens are transformers' own (LLaVA, Qwen2-VL, Gemma 3). Whisper is an
-encoder-decoder, which this backend's generate refuses."""
+"""generate with images and audio on PyTorch/XLA: a processor's output goes in as it is, the image or audio
+encoder runs in the prefill graph, and the tokens are transformers' own (LLaVA, Qwen2-VL, Gemma 3, Whisper
+from its ``input_features`` alone, with its forced decoder prompt)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from hfax.testing import MULTIMODAL, save_tiny, tiny_multimodal_config
 from hfax.testing import multimodal_inputs as processed
 
 NEW_TOKENS = 8
-IMAGE_MODELS = sorted(name for name in MULTIMODAL if name != "whisper")
 
 
-@pytest.fixture(scope="module", params=IMAGE_MODELS)
+@pytest.fixture(scope="module", params=sorted(MULTIMODAL))
 def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
     directory = tmp_path_factory.mktemp(request.param)
     config = tiny_multimodal_config(request.param)
@@ -62,3 +61,41 @@ def test_one_prompt_alone_gives_its_row_of_the_batch(models):
     np.testing.assert_array_equal(
         np.asarray(model.generate(**alone, max_new_tokens=NEW_TOKENS)), expected
     )
+
+
+@pytest.fixture(scope="module")
+def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """A Whisper whose decoder prompt holds language and task tokens (four tokens, not one)."""
+    directory = tmp_path_factory.mktemp("whisper-multilingual")
+    reference = save_tiny(
+        tiny_multimodal_config("whisper"), directory, "AutoModelForSpeechSeq2Seq", spread=True
+    )
+    generation = reference.generation_config
+    generation.lang_to_id = {"<|en|>": 20, "<|fr|>": 21}
+    generation.task_to_id = {"transcribe": 22, "translate": 23}
+    generation.no_timestamps_token_id = 24
+    generation.is_multilingual = True
+    generation._from_model_config = False  # else loading builds it again from the model's config
+    generation.save_pretrained(directory)
+    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="torch_xla")
+
+
+def test_whisper_language_and_task_tokens(multilingual_whisper):
+    reference, model = multilingual_whisper
+    inputs = processed("whisper", seed=5)
+    options = dict(language="fr", task="translate", max_new_tokens=6)
+    expected = reference_generate(reference, inputs, **options)
+    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
+
+
+def test_whisper_refusals_come_before_compiling(multilingual_whisper):
+    _, model = multilingual_whisper
+    inputs = processed("whisper")
+    before = runtime.counters()
+    with pytest.raises(NotImplementedError, match="return_timestamps"):
+        model.generate(**inputs, language="en", return_timestamps=True)
+    with pytest.raises(NotImplementedError, match="language="):
+        model.generate(**inputs)
+    with pytest.raises(ValueError, match="Long-form"):
+        model.generate(input_features=np.zeros((1, 8, 64), np.float32), language="en")
+    assert (runtime.counters() - before).compiles == 0

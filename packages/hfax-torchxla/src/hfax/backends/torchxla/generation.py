@@ -6,11 +6,14 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
   left-padded into their bucket and the padding is masked, so a padded prompt produces the tokens it
   produces alone.
 * The KV cache is transformers' own ``StaticLayer`` for every layer, full length (a sliding window is
-  applied by the mask, never by slicing): buffers written in place at a tensor position. The mask comes
-  from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
+  applied by the mask, never by slicing): buffers written in place at a tensor position. An
+  encoder-decoder's is transformers' ``EncoderDecoderCache``: ``StaticLayer`` self-attention, and
+  cross-attention layers as long as the encoder's output, filled once in prefill and read after. The mask
+  comes from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
   spans), or the 2-D padding mask for models that build theirs themselves (ALiBi, recurrent layers).
 * Prefill runs once per call as one lazy-tensor graph, with the first token's choice (one compilation per
-  bucket, then a cache hit); the decode step goes through the ``hfax_compile_step`` hook
+  bucket, then a cache hit; an encoder-decoder's encoder runs in it, on text ids or audio features); the
+  decode step goes through the ``hfax_compile_step`` hook
   (``torch.compile(backend="openxla")``): dynamo traces it once per bucket and every later token runs the
   cached program without re-tracing Python. The token choice in both is hfax-core's torch code
   (:mod:`hfax.generation.tokens`); beam search reorders the cache's rows by the indices it returns.
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch_xla
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 
 from hfax import masks
 from hfax.backends.torchxla import linear, runtime
@@ -59,13 +62,15 @@ class Bucket:
     batch: int
     decoding: tokens.Decoding
     positions: bool  # whether positions come from the mask (else a prompt keeps its own width)
+    source: tuple[tuple[str, tuple[int, ...]], ...] = ()  # an encoder's inputs: names and shapes
 
     def holds(self, other: Bucket) -> bool:
         mine, theirs = self.decoding, other.decoding
         widths = dict(prompt=0, capacity=0)
-        same = (self.batch, self.positions) == (
+        same = (self.batch, self.positions, self.source) == (
             other.batch,
             other.positions,
+            other.source,
         ) and dataclasses.replace(mine, **widths) == dataclasses.replace(theirs, **widths)
         prompt_fits = (
             mine.prompt >= theirs.prompt if self.positions else mine.prompt == theirs.prompt
@@ -113,6 +118,7 @@ class Static:
     mask_plan: masks.MaskPlan
     pass_positions: bool
     logits_to_keep: bool
+    encoder_decoder: bool = False
 
 
 #: Seconds spent tracing new buckets' decode steps in this process (XLA's compile time excluded).
@@ -123,21 +129,27 @@ _STATICS: dict[Static, Static] = {}
 
 
 def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, query_slots: Any,
-            static: Static, inputs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+            static: Static, inputs: dict[str, Any] | None = None,
+            source: dict[str, Any] | None = None) -> Any:  # fmt: skip
     """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits.
-    ``inputs`` are the model's other inputs (images, ...: prefill only)."""
+    ``inputs`` are the model's other inputs (images, ...: prefill only); ``source`` an encoder-decoder's
+    encoder output (``encoded``) and the encoder's padding mask (``mask``, absent for features)."""
     inputs = inputs or {}
     blocks = None
     if "token_type_ids" in inputs and (number := masks.block_ids(module)) is not None:
         blocks = number(inputs["token_type_ids"])  # an image's tokens see each other (Gemma 3)
-    kwargs: dict[str, Any] = dict(
-        input_ids=ids.to(torch.int64),
-        attention_mask=masks.attention_mask(
-            static.mask_plan, valid, query_slots, module.dtype, blocks
-        ),
-        past_key_values=cache,
-        use_cache=True,
-    )
+    mask = masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype, blocks)
+    kwargs: dict[str, Any] = dict(past_key_values=cache, use_cache=True)
+    if source is None:
+        kwargs.update(input_ids=ids.to(torch.int64), attention_mask=mask)
+    else:  # the decoder's ids against the encoder's output; its cross-attention reads the cache after prefill
+        kwargs.update(
+            decoder_input_ids=ids.to(torch.int64),
+            decoder_attention_mask=mask,
+            encoder_outputs=source["encoded"],
+        )
+        if "mask" in source:
+            kwargs["attention_mask"] = source["mask"]
     if static.pass_positions:
         kwargs["position_ids"] = positions
     if static.logits_to_keep:
@@ -147,24 +159,39 @@ def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, que
 
 
 def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, arrays: Any,
-            static: Static, inputs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+            static: Static, inputs: dict[str, Any] | None = None,
+            source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run the prompt (and the model's other ``inputs``: its images run through their encoder here),
-    fill the cache, choose the first new token: the token state after the prompt."""
+    fill the cache, choose the first new token: the token state after the prompt.
+
+    An encoder-decoder's ``source`` is the encoder's output and mask (:func:`encode`); the decoder's
+    cross-attention layers fill their part of the cache from it here."""
     length = ids.shape[1]
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
     query_slots = torch.arange(length, device=ids.device)
-    logits = _logits(module, cache, ids, positions, valid, query_slots, static, inputs)
+    logits = _logits(module, cache, ids, positions, valid, query_slots, static, inputs, source)
     return tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
 
 
+def encode(module: Any, source: dict[str, Any]) -> dict[str, Any]:
+    """An encoder-decoder's encoder run once on its inputs by name (text ids and mask, or audio
+    features): ``{"encoded": output, "mask": mask}`` as the decoder's steps take them. The encoder runs
+    alone, as in transformers' ``generate``, and its own output type reaches the decoder."""
+    encoded = module.get_encoder()(**source, return_dict=True)
+    mask = source.get("attention_mask")
+    return {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
+
+
 def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, seen: Any, limit: Any,
-                arrays: Any, static: Static) -> dict[str, Any]:  # fmt: skip
+                arrays: Any, static: Static,
+                source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Choose the next token of every row: the program compiled once per bucket.
 
     ``chosen`` is the token state (:mod:`hfax.generation.tokens`), ``valid`` ``[rows, prompt + capacity]``
     which cache slots hold real tokens, ``seen`` the real prompt tokens per row, ``limit`` (0-d) the new
-    tokens the run may reach. Once the loop condition fails the state stays as it is. Everything is a
-    tensor, so the step has no Python value that changes from one token to the next.
+    tokens the run may reach, ``source`` an encoder-decoder's encoder output (:func:`encode`). Once the
+    loop condition fails the state stays as it is. Everything is a tensor, so the step has no Python value
+    that changes from one token to the next.
     """
     decoding = static.decoding
     step = chosen["step"]
@@ -172,22 +199,53 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     last = tokens.last_tokens(chosen, decoding)
     slot = (decoding.prompt + step - 1).view(1)
     positions = (seen + step - 1).view(rows, 1)
-    logits = _logits(module, cache, last, positions, valid, slot, static)
+    logits = _logits(module, cache, last, positions, valid, slot, static, source=source)
     going = tokens.running(chosen, limit)
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if reorder is not None:  # beam search: every row's cache now follows the beam it extends
         order = reorder.to(torch.int64)
-        for layer in cache.layers:
+        for layer in _self_attention(cache).layers:
             layer.keys.copy_(layer.keys.index_select(0, order))
             layer.values.copy_(layer.values.index_select(0, order))
     return {name: torch.where(going, value, chosen[name]) for name, value in advanced.items()}
 
 
-def _cache(config: Any, length: int) -> Cache:
-    """A full-length ``StaticLayer`` for every layer, made before the forward: a model that builds its
-    masks itself (from the 2-D mask) reads their length off the cache before the first layer runs."""
-    layers = config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[StaticLayer(length) for _ in range(layers)])
+def _layers(cache: Cache) -> list[Any]:
+    """Every layer of the cache, an encoder-decoder's cross-attention layers included."""
+    if isinstance(cache, EncoderDecoderCache):
+        return [*cache.self_attention_cache.layers, *cache.cross_attention_cache.layers]
+    return list(cache.layers)
+
+
+def _self_attention(cache: Cache) -> Cache:
+    """The cache's part that follows the decoded tokens. An encoder-decoder's cross-attention part is
+    the same for every beam of a prompt (their sources are copies), so beams never reorder it."""
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def _cache(config: Any, length: int, encoder_decoder: bool = False) -> Cache:
+    """A full-length ``StaticLayer`` for every decoder layer, made before the forward: a model that
+    builds its masks itself (from the 2-D mask) reads their length off the cache before the first layer
+    runs. An encoder-decoder's cross-attention layers take the encoder's output length when prefill
+    writes them."""
+    text = config.get_text_config(decoder=True)
+    # T5's decoder depth is num_decoder_layers; other encoder-decoders map theirs to num_hidden_layers.
+    layers = getattr(text, "num_decoder_layers", None) or text.num_hidden_layers
+    decoder = Cache(layers=[StaticLayer(length) for _ in range(layers)])
+    if not encoder_decoder:
+        return decoder
+    return EncoderDecoderCache(decoder, Cache(layers=[_CrossLayer() for _ in range(layers)]))
+
+
+class _CrossLayer(StaticLayer):
+    """A cross-attention layer: as long as the encoder's output, written once by prefill."""
+
+    def __init__(self) -> None:
+        super().__init__(max_cache_len=0)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.max_cache_len = key_states.shape[-2]
+        super().lazy_initialization(key_states, value_states)
 
 
 def _on_device(tree: Any, device: Any) -> Any:
@@ -212,16 +270,18 @@ class Run:
     chosen: dict[str, Any]
     weights: dict[torch.nn.Linear, torch.Tensor]
     new_bucket: bool  # the bucket's decode step has not been traced yet
+    source: dict[str, Any] | None  # an encoder-decoder's encoder output and mask (:func:`encode`)
     steps: int = 1  # decode steps called so far (the prompt chose the first token)
 
 
 class TorchXlaEngine:
     """:class:`hfax.generation.driver.Engine` for a :class:`~hfax.backends.torchxla.model.TorchXlaModel`.
 
-    Encoder-decoders are not run here (the core refuses them for this backend).
+    An encoder-decoder's encoder runs in the prefill graph; the decode step reads its output and the
+    cross-attention cache prefill filled.
     """
 
-    features = frozenset({"beams"})
+    features = frozenset({"beams", "encoder_decoder"})
     row_multiple = 1
 
     def __init__(self, model: Any) -> None:
@@ -235,7 +295,8 @@ class TorchXlaEngine:
                 "drives transformers' static KV cache: use backend='jax', or transformers' own generate"
             )
         ids, mask = plan.ids, plan.mask
-        wanted = Bucket(ids.shape[0], plan.decoding, plan.positions)
+        source_shapes = tuple(sorted((n, v.shape) for n, v in (plan.source or {}).items()))
+        wanted = Bucket(ids.shape[0], plan.decoding, plan.positions, source_shapes)
         chosen = choose_bucket(model.buckets, wanted)
         new_bucket = chosen not in model.buckets
         model.buckets.add(chosen)
@@ -252,20 +313,24 @@ class TorchXlaEngine:
             mask_plan=masks.plan(model.config, model.module),
             pass_positions=plan.positions,
             logits_to_keep=accepts(model.module, "logits_to_keep"),
+            encoder_decoder=plan.source is not None,
         )
         static = _STATICS.setdefault(static, static)
         device = runtime.device()
         arrays = _on_device(plan.arrays, device)
-        cache = _cache(model.config, valid.shape[1])
+        cache = _cache(model.config, valid.shape[1], static.encoder_decoder)
         weights = {}
         if linear.wanted(runtime.platform(), model.mesh, ids.shape[0], decoding.capacity):
             weights = linear.copies(model.module)
         on_device = _on_device({"ids": ids.astype(np.int64), "mask": mask, "valid": valid}, device)
         inputs = _on_device(_grown_inputs(plan, grow), device)
+        source = None
         with torch.no_grad(), linear.held(weights):
+            if plan.source is not None:
+                source = encode(model.module, _on_device(plan.source, device))
             chosen_tokens = prefill(
                 model.module, cache, on_device["ids"], on_device["mask"], on_device["valid"], arrays,
-                static, inputs,
+                static, inputs, source,
             )  # fmt: skip
             seen = on_device["mask"].sum(1)
             if (
@@ -273,7 +338,7 @@ class TorchXlaEngine:
             ):  # multimodal positions: later tokens' positions move by them
                 seen = seen + _on_device(plan.offsets.astype(np.int64), device)
             torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
-        for layer in cache.layers:
+        for layer in _layers(cache):
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
             # step on their identity and trace it again for every call's fresh buffers (and keep them alive).
             for tensor in (layer.keys, layer.values, layer.cumulative_length):
@@ -288,6 +353,7 @@ class TorchXlaEngine:
             chosen_tokens,
             weights,
             new_bucket,
+            source,
         )
 
     def advance(self, run: Run, limit: int) -> Run:
@@ -301,7 +367,7 @@ class TorchXlaEngine:
                     started, compiling = time.perf_counter(), runtime.counters().compile_seconds
                     run.chosen = step_program(
                         model.module, run.cache, run.chosen, run.valid, run.seen, limit_tensor,
-                        run.arrays, run.static,
+                        run.arrays, run.static, run.source,
                     )  # fmt: skip
                     run.steps += 1
                     if (

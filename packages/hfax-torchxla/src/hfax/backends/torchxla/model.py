@@ -65,9 +65,10 @@ class TorchXlaModel(BackendModel):
         with torch.no_grad():
             return self.program("forward", _forward)(self.module, inputs)
 
-    def generate(self, input_ids: Any, attention_mask: Any = None, **options: Any) -> Any:
-        """transformers' ``generate`` on device, returning the type ``input_ids`` has (torch in, torch out);
-        see :mod:`hfax.backends.torchxla.generation`."""
+    def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
+        """transformers' ``generate`` on device, returning the type ``input_ids`` has (torch in, torch out;
+        an encoder's features instead, for Whisper's ``input_features``); see
+        :mod:`hfax.backends.torchxla.generation`."""
         self.check_can_generate()
         return generation.generate(self, input_ids, attention_mask, **options)
 
