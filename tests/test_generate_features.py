@@ -214,6 +214,21 @@ def test_encoder_decoder_greedy_and_beams(tiny):
         )
 
 
+def test_encoder_no_repeat_ngram_size(tiny):
+    # Blenderbot's generation config sets it: the decoder may not repeat an n-gram of its source.
+    reference, model = tiny("bart")
+    ids = np.array([[5, 72, 72, 9, 41, 17, 33], [12, 24, 24, 7, 50, 3, 4]])
+    results = {}
+    for size, beams in ((1, 1), (2, 3)):
+        options = dict(max_new_tokens=10, encoder_no_repeat_ngram_size=size, num_beams=beams)
+        results[size] = as_numpy(model.generate(ids, **options))
+        expected = transformers_generate(reference, ids, **options).numpy()
+        np.testing.assert_array_equal(results[size], expected)
+    # Size 1 bans every source token, which the unconstrained tokens use.
+    assert (results[1] != as_numpy(model.generate(ids, max_new_tokens=10))).any()
+    assert not any(np.isin(results[1][row, 1:], ids[row]).any() for row in range(2))
+
+
 def test_generation_config_argument(tiny):
     reference, model = tiny("llama")
     ids = np.array([PROMPTS[2]])

@@ -104,3 +104,25 @@ def test_padding_and_unwritten_slots_do_not_count_as_history():
 def test_a_processor_without_twin_is_refused_by_name():
     with pytest.raises(NotImplementedError, match="PrefixConstrainedLogitsProcessor"):
         processors.translate([lp.PrefixConstrainedLogitsProcessor(lambda b, i: [1], 1)], VOCAB)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_encoder_ngram_twin_matches_transformers(n):
+    # Two inputs, each decoded by two rows (beams): a row may not complete an n-gram of its own input.
+    generator = torch.Generator().manual_seed(n)
+    source = torch.randint(0, 8, (2, 11), generator=generator)
+    for trial in range(4):
+        ids = torch.randint(0, 8, (4, LENGTH), generator=generator)
+        if trial == 1:  # rows ending in the start of one of their input's n-grams
+            ids[0, LENGTH - n + 1 :], ids[3, LENGTH - n + 1 :] = (
+                source[0, : n - 1],
+                source[1, 3 : n + 2],
+            )
+        scores = torch.randn((4, VOCAB), generator=generator)
+        want = lp.EncoderNoRepeatNGramLogitsProcessor(n, source)(ids, scores.clone())
+        (step,) = processors.translate(
+            [lp.EncoderNoRepeatNGramLogitsProcessor(n, source)], VOCAB, 2
+        )
+        arrays = {name: torch.from_numpy(value) for name, value in step.arrays.items()}
+        got = processors.apply((step.static,), [arrays], scores.clone(), history(ids))
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"trial {trial}")

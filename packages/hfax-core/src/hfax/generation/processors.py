@@ -77,8 +77,9 @@ def _ids_arg(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def translate(processors: Any, vocab: int) -> tuple[Step, ...]:
-    """The :class:`Step` for every processor of transformers' ``LogitsProcessorList``, in its order.
+def translate(processors: Any, vocab: int, expand: int = 1) -> tuple[Step, ...]:
+    """The :class:`Step` for every processor of transformers' ``LogitsProcessorList``, in its order;
+    ``expand`` is the rows each caller's row becomes (beams, or sequences returned).
 
     A processor without a twin is refused with the error naming it: running it on the host every token
     would defeat the compiled loop, and skipping it would give other tokens than transformers.
@@ -86,15 +87,35 @@ def translate(processors: Any, vocab: int) -> tuple[Step, ...]:
     steps = []
     for processor in processors:
         name = type(processor).__name__
+        if name == "EncoderNoRepeatNGramLogitsProcessor":
+            steps.append(_encoder_no_repeat_ngram(processor, expand))
+            continue
         make = _TRANSLATIONS.get(name)
         if make is None:
-            supported = ", ".join(sorted(_TRANSLATIONS))
+            supported = ", ".join(sorted([*_TRANSLATIONS, "EncoderNoRepeatNGramLogitsProcessor"]))
             raise NotImplementedError(
                 f"hfax's generate cannot run transformers' {name} compiled (it has twins of: {supported}); "
                 "drop the setting that adds it, or run transformers' own generate on CPU"
             )
         steps.append(make(processor, vocab))
     return tuple(steps)
+
+
+def _encoder_no_repeat_ngram(processor: Any, expand: int) -> Step:
+    """The n-grams of every caller's encoder input (transformers keeps them as dicts from the first n - 1
+    tokens to the last ones) as ``grams`` ``[rows, count, n]``, -1 where a row has fewer: one row per
+    decoder row (``expand`` per caller's row, as transformers maps a hypothesis to its input), the
+    rows and the count padded to powers of two so that other inputs rarely change the program."""
+    n = processor.ngram_size
+    rows = [
+        [(*prefix, token) for prefix, tokens in grams.items() for token in tokens]
+        for grams in processor.generated_ngrams
+    ]
+    count = 1 << max(0, max(map(len, rows)) - 1).bit_length()
+    grams = np.full((1 << (len(rows) - 1).bit_length(), count, n), -1, np.int32)
+    for row, found in enumerate(rows):
+        grams[row, : len(found)] = found
+    return Step("encoder_no_repeat_ngram", (n,), {"grams": np.repeat(grams, expand, axis=0)})
 
 
 def _sequence_bias(processor: Any, vocab: int) -> Step:
@@ -300,6 +321,23 @@ def _no_repeat_ngram(scores: Any, a: dict[str, Any], shape: tuple, history: Hist
     return scores.masked_fill(banned > 0, -float("inf"))
 
 
+def _encoder_no_repeat_ngram_twin(
+    scores: Any, a: dict[str, Any], shape: tuple, history: History
+) -> Any:
+    """Ban every token that would complete an n-gram of the row's encoder input."""
+    import torch
+
+    (n,) = shape
+    grams = a["grams"]
+    # Rows past the request's (hfax's bucket filler) read the last row's n-grams; their tokens are dropped.
+    rows = torch.arange(scores.shape[0], device=scores.device).clamp(max=grams.shape[0] - 1)
+    grams = grams.index_select(0, rows)  # [rows, count, n]
+    last = _last_tokens(history, n - 1)  # [rows, n - 1]; -1 never equals a token
+    same = (grams[..., : n - 1] == last[:, None, :]).all(-1) & (grams[..., n - 1] >= 0)
+    banned = _rows_mask(grams[..., n - 1], same.to(torch.float32), scores.shape[-1])
+    return scores.masked_fill(banned > 0, -float("inf"))
+
+
 def _sequence_bias_twin(scores: Any, a: dict[str, Any], shape: tuple, history: History) -> Any:
     import torch
 
@@ -411,6 +449,7 @@ _TWINS = {
     "sequence_bias": _sequence_bias_twin,
     "repetition_penalty": _repetition_penalty,
     "no_repeat_ngram": _no_repeat_ngram,
+    "encoder_no_repeat_ngram": _encoder_no_repeat_ngram_twin,
     "min_length": _min_length_twin,
     "forced_bos": _forced_bos,
     "forced_eos": _forced_eos,

@@ -339,6 +339,7 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
             model_kwargs=model_kwargs,
         ),
         vocab,
+        expand,
     )
     criteria = module._get_stopping_criteria(config, StoppingCriteriaList(), tokenizer=tokenizer)
     unknown = [type(c).__name__ for c in criteria if type(c).__name__ not in CRITERIA]
