@@ -138,6 +138,24 @@ def test_moshi_prompt_within_its_cache_window_and_refused_beyond(tiny):
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=16)), as_numpy(out))
 
 
+def test_recurrent_gemma_generate_is_refused_before_compiling(backend, tmp_path):
+    # Its recurrent blocks keep their state in module attributes: traced, they leaked (an error), and
+    # from the persistent program cache the tokens were wrong (17 repeated against transformers' 123s).
+    import transformers
+
+    import hfax
+
+    config = transformers.RecurrentGemmaConfig(
+        num_hidden_layers=3, vocab_size=128, hidden_size=64, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, lru_width=64,
+        attention_window_size=16, block_types=["recurrent", "recurrent", "attention"],
+    )  # fmt: skip
+    save_tiny(config, tmp_path)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    with pytest.raises(NotImplementedError, match="conv1d_state"):
+        model.generate(np.array([[1, 5, 9, 23]]), max_new_tokens=4)
+
+
 def test_t5gemma2_joins_its_masks_of_one_type(backend, tmp_path):
     # T5Gemma 2's decoder concatenates its self-attention mask (hfax's, ready) with the cross-attention
     # mask it builds itself (booleans under sdpa): an additive float mask beside booleans read them as

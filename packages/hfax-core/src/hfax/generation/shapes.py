@@ -23,10 +23,23 @@ STREAM_CHUNK = 8
 LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 
 
+#: Model types whose layers keep decode state in module attributes, outside any cache a compiled loop can
+#: carry: a trace stores its tracers there and the next program reads them (an error on a fresh trace,
+#: wrong tokens once a cached program skips the trace that set them).
+MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
+
+
 def check_static_cache(module: Any, length: int, prompt: int = 0) -> None:
     """Refuse a static cache of ``length`` slots, after a prompt ``prompt`` tokens wide (padding
     included), that ``module`` (a transformers model) would read wrong."""
     config = module.config
+    state = MODULE_STATE.get(getattr(config, "model_type", ""))
+    if state is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} keeps its recurrent layers' decode state ({state}) in module "
+            "attributes, not in a cache hfax's compiled decode loop can carry, so its tokens would be "
+            "wrong; run its forward with hfax, or transformers' own generate on CPU"
+        )
     field = LOCAL_ATTENTION_TABLES.get(getattr(config, "model_type", ""))
     window = getattr(config, field, None) if field else None
     local = "local" in (getattr(config, "attention_layers", None) or ())
