@@ -2,6 +2,7 @@
 
     python benchmarks/load.py                       # benchmark Llama and Gemma 3 270M, float32 and bfloat16
     python benchmarks/load.py --models llama --dtypes float32 --no-markdown
+    python benchmarks/load.py --python hfax-torchxla=.nox/torchxla/bin/python  # torch_xla rows from its venv
 
 It prints a table, writes a JSON record (``benchmarks/results/load.json``) and rewrites the "Loading"
 section of docs/PERFORMANCE.md (``benchmarks/decode.py`` keeps that section when it rewrites the page).
@@ -12,7 +13,14 @@ Engines:
   from the safetensors files into JAX arrays (``hfax_load_weights``);
 * ``hfax-jax-via-transformers``: transformers' ``from_pretrained`` then ``hfax.from_model``: the path
   hfax took before streaming, and still takes for GGUF and ``.bin`` checkpoints;
+* ``hfax-torchxla``: the same on ``backend="torch_xla"``, weights read from the safetensors files one
+  at a time onto the XLA device (its ``hfax_load_weights``);
+* ``hfax-torchxla-via-transformers``: transformers' ``from_pretrained`` then ``from_model`` on torch_xla;
 * ``transformers``: ``transformers.AutoModelForCausalLM.from_pretrained(path)`` on PyTorch/CPU.
+
+torch_xla 2.9 pins torch 2.9, so its rows run under another interpreter (``--python ENGINE=PYTHON``, e.g.
+the venv of ``nox -s torchxla``, which has this checkout's hfax packages); where none is given and this
+one lacks torch_xla, they are left out with the reason printed.
 
 Each measurement runs in a fresh interpreter: the peak is the process's high-water mark of resident
 memory (``ru_maxrss``), taken after the imports (``base``) and after loading (``peak``), so ``peak -
@@ -31,6 +39,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The heading of the section of docs/PERFORMANCE.md this script owns.
 SECTION = "## Loading"
 
-ENGINES = ("hfax-jax", "hfax-jax-via-transformers", "transformers")
+ENGINES = (
+    "hfax-jax",
+    "hfax-jax-via-transformers",
+    "hfax-torchxla",
+    "hfax-torchxla-via-transformers",
+    "transformers",
+)
+TORCHXLA = ("hfax-torchxla", "hfax-torchxla-via-transformers")
 MODELS = ("llama", "gemma")
 DTYPES = ("float32", "bfloat16")
 
@@ -64,9 +80,24 @@ def load(engine: str, path: str, dtype: str) -> tuple[Any, int]:
         ) in tensors:  # weights it maps from the file are read on first use: read them here
             tensor.sum()
         return model, sum(t.numel() * t.element_size() for t in tensors)
-    import jax
-
     import hfax
+
+    if engine in TORCHXLA:
+        import torch_xla
+
+        if engine == "hfax-torchxla":
+            model = hfax.AutoModelForCausalLM.from_pretrained(
+                path, backend="torch_xla", dtype=dtype
+            )
+        else:
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype)
+            )
+            model = hfax.AutoModelForCausalLM.from_model(loaded, backend="torch_xla")
+            del loaded
+        torch_xla.sync(wait=True)
+        return model, sum(t.numel() * t.element_size() for t in model.params.values())
+    import jax
 
     if engine == "hfax-jax":
         model = hfax.AutoModelForCausalLM.from_pretrained(path, backend="jax", dtype=dtype)
@@ -98,7 +129,9 @@ def import_modules(engine: str, path: str) -> None:
 
     config = transformers.AutoConfig.from_pretrained(path)
     getattr(transformers, config.architectures[0])
-    if engine != "transformers":
+    if engine in TORCHXLA:
+        import hfax.backends.torchxla.backend  # noqa: F401
+    elif engine != "transformers":
         import jax
 
         import hfax.backends.jax.backend  # noqa: F401
@@ -121,10 +154,11 @@ def warm(path: str) -> None:
                 pass
 
 
-def measure(engine: str, model: str, dtype: str) -> dict[str, Any]:
+def measure(engine: str, model: str, dtype: str, python: str = sys.executable) -> dict[str, Any]:
     warm(model_path(model))
-    command = [sys.executable, __file__, "--worker", engine, model_path(model), dtype]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    command = [python, __file__, "--worker", engine, model_path(model), dtype]
+    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{engine} {model} {dtype} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -166,7 +200,9 @@ One fresh process per row, the checkpoint's files read once before each (page ca
 *load cost*: peak − base, and the same over the weights' bytes (the goal: at most 1.1×). *load s*: wall
 time of the load call (the fastest of the repeats). `hfax-jax` streams the safetensors files into the JAX
 arrays; `hfax-jax-via-transformers` is transformers' `from_pretrained` then `hfax` `from_model`: the path
-every load took before streaming, and the one GGUF and `.bin` checkpoints still take. transformers'
+every load took before streaming, and the one GGUF and `.bin` checkpoints still take. `hfax-torchxla`
+reads the safetensors files onto torch_xla's device one weight at a time, and `hfax-torchxla-via-transformers`
+moves transformers' loaded model there (its workers run under torch_xla's own venv: torch 2.9). transformers'
 weights are summed once after loading: it maps float32 files and reads them on first use, so its
 float32 weights are the page cache's pages, never copied; hfax must copy them (XLA's CPU client keeps a
 host buffer only at a 64-byte boundary, and a safetensors file's tensors start wherever its header ends). Gemma 3 270M
@@ -189,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=1, help="measurements per case; the fastest kept"
     )
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="ENGINE=PYTHON",
+        help="run an engine's workers under another interpreter (repeatable)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "load.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch the Markdown page")
@@ -203,11 +246,28 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.platform()}",
         "load_average_before": list(os.getloadavg()),
     }
+    pythons = {}
+    for item in args.python:
+        engine, _, python = item.partition("=")
+        if engine not in ENGINES or shutil.which(python or "") is None:
+            parser.error(
+                f"--python takes ENGINE=PYTHON, an engine and an interpreter; got {item!r}"
+            )
+        pythons[engine] = python
+    engines = args.engines.split(",")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import decode
+
+    for engine in TORCHXLA:
+        if engine in engines and (reason := decode.torchxla_missing(pythons.get(engine))):
+            print(f"{engine} left out: {reason} (give --python {engine}=PYTHON)")
+            engines.remove(engine)
     rows = []
     for model in args.models.split(","):
         for dtype in args.dtypes.split(","):
-            for engine in args.engines.split(","):
-                runs = [measure(engine, model, dtype) for _ in range(args.repeats)]
+            for engine in engines:
+                python = pythons.get(engine, sys.executable)
+                runs = [measure(engine, model, dtype, python) for _ in range(args.repeats)]
                 rows.append(min(runs, key=lambda run: run["seconds"]))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
     record.update(finished=now(), load_average_after=list(os.getloadavg()), rows=rows)

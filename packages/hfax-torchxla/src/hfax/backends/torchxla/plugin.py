@@ -54,6 +54,17 @@ def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[s
 
 
 @hookimpl
+def hfax_load_weights(model: Any, checkpoint: Any, plan: Any, mesh: Any, backend: str) -> Any:
+    """Read each weight from the safetensors checkpoint onto the XLA device, one at a time (tied weights
+    once), instead of transformers building the whole model on the host first."""
+    if backend != NAME:
+        return None
+    from hfax.backends.torchxla.sharding import load_weights
+
+    return load_weights(model, checkpoint, plan, mesh)
+
+
+@hookimpl
 def hfax_compile_step(
     fn: Callable[..., Any],
     backend: str,

@@ -1,4 +1,5 @@
-"""Weights on the XLA device, and over a device mesh with SPMD (``torch_xla.distributed.spmd``).
+"""Weights on the XLA device (moved from the module's host tensors, or read from the safetensors checkpoint
+one at a time), and over a device mesh with SPMD (``torch_xla.distributed.spmd``).
 
 On a mesh, every weight is marked with the layout the family's :class:`~hfax.registry.ShardingPlan` gives it
 (``ShardingPlan.spec_on``, the same rule the JAX backend follows); the XLA compiler's sharding propagation
@@ -7,7 +8,8 @@ places activations and the KV cache and inserts the collectives.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ import torch_xla.runtime as xr
 
 from hfax import tensors
 from hfax.backends.torchxla import runtime
+from hfax.checkpoints import Checkpoint
 from hfax.registry import MESH_AXES, Layout, ShardingPlan, configured_device_memory
 
 
@@ -65,6 +68,47 @@ def move_weights(model: torch.nn.Module, plan: ShardingPlan, mesh: Any) -> dict[
     Tensors move one by one (``Module.to`` would give each module its own copy of a tied weight on XLA), and
     each host tensor is dropped from the module once moved, so host memory holds the model once.
     """
+    return _place(model, plan, mesh, lambda name, tensor: tensor.detach())
+
+
+def load_weights(
+    model: torch.nn.Module, checkpoint: Checkpoint, plan: ShardingPlan, mesh: Any
+) -> dict[str, torch.Tensor]:
+    """Like :func:`move_weights` for a model whose weights are on the ``meta`` device: each weight is read
+    from ``checkpoint`` (memory-mapped), converted to its dtype and moved to the device before the next is
+    read, so the host holds one weight in flight besides what the device holds. Host tensors (the
+    non-persistent buffers) move as :func:`move_weights` moves them.
+
+    Each process reads whole tensors: PyTorch/XLA's SPMD places a host tensor on the one virtual device
+    and splits it there (``xs.mark_sharding``); reading only a process's shards would need a sharded
+    tensor built from per-device pieces (docs/SHARDING.md).
+    """
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        files = {
+            file: stack.enter_context(safe_open(file, framework="pt", device="cpu"))
+            for file in checkpoint.files
+        }
+
+        def read(name: str, tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.device.type != "meta":
+                return tensor.detach()
+            source = checkpoint.sources[name]
+            return files[source.file].get_tensor(source.key).to(tensor.dtype)
+
+        return _place(model, plan, mesh, read)
+
+
+def _place(
+    model: torch.nn.Module,
+    plan: ShardingPlan,
+    mesh: Any,
+    host_tensor: Callable[[str, torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Replace each distinct tensor of ``model`` by ``host_tensor(state name, tensor)`` moved to the XLA
+    device (a tied weight once, every module holding it pointed at the one device tensor), then mark the
+    weights' layouts on a mesh."""
     runtime.start(spmd=mesh is not None)
     mesh = as_mesh(mesh)
     device = runtime.device()
@@ -72,7 +116,7 @@ def move_weights(model: torch.nn.Module, plan: ShardingPlan, mesh: Any) -> dict[
     placed_by_name: dict[str, torch.Tensor] = {}
     for full_name, registry, name, tensor in tensors.tensor_slots(model):
         if id(tensor) not in moved:
-            placed = tensor.detach().to(device)
+            placed = host_tensor(full_name, tensor).to(device)
             if isinstance(tensor, torch.nn.Parameter):
                 placed = torch.nn.Parameter(placed, requires_grad=False)
             moved[id(tensor)] = placed_by_name[full_name] = placed
