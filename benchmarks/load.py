@@ -23,7 +23,7 @@ the venv of ``nox -s torchxla``, which has this checkout's hfax packages); where
 one lacks torch_xla, they are left out with the reason printed.
 
 Each measurement runs in a fresh interpreter: the peak is the process's high-water mark of resident
-memory (``ru_maxrss``), taken after the imports (``base``) and after loading (``peak``), so ``peak -
+memory (``VmHWM``), taken after the imports (``base``) and after loading (``peak``), so ``peak -
 base`` is what loading itself cost; load time is the wall time of the call (the JAX arrays ready).
 transformers maps a float32 checkpoint's files and reads a page when a weight first uses it, so its
 measurement sums every weight once after ``from_pretrained``: what its first forward would read.
@@ -34,6 +34,7 @@ to a float32 safetensors checkpoint by ``hfax.demo.default_model``, and that che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -63,7 +64,13 @@ DTYPES = ("float32", "bfloat16")
 
 
 def max_rss() -> int:
-    """This process's peak resident memory so far, in bytes (Linux reports KiB)."""
+    """This process's peak resident memory so far, in bytes: its address space's high-water mark
+    (``VmHWM``). Not ``ru_maxrss``: Linux carries that across ``fork`` and ``exec``, so a worker would
+    start at the size of the parent that spawned it (as large as a model it just built)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

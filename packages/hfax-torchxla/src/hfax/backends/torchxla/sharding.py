@@ -8,16 +8,17 @@ places activations and the KV cache and inserts the collectives.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
+import torch_xla.utils.dlpack as xla_dlpack
 
 from hfax import tensors
 from hfax.backends.torchxla import runtime
+from hfax.backends.torchxla.safetensors_reader import SafetensorsFile
 from hfax.checkpoints import Checkpoint
 from hfax.registry import MESH_AXES, Layout, ShardingPlan, configured_device_memory
 
@@ -75,29 +76,31 @@ def load_weights(
     model: torch.nn.Module, checkpoint: Checkpoint, plan: ShardingPlan, mesh: Any
 ) -> dict[str, torch.Tensor]:
     """Like :func:`move_weights` for a model whose weights are on the ``meta`` device: each weight is read
-    from ``checkpoint`` (memory-mapped), converted to its dtype and moved to the device before the next is
-    read, so the host holds one weight in flight besides what the device holds. Host tensors (the
+    from ``checkpoint`` into a fresh host tensor, converted to its dtype and placed before the next is
+    read. On one CPU device the fresh tensor becomes the device buffer itself (DLPack: no copy), so the
+    host holds the weights once; elsewhere it is copied to the device and dropped. Host tensors (the
     non-persistent buffers) move as :func:`move_weights` moves them.
 
     Each process reads whole tensors: PyTorch/XLA's SPMD places a host tensor on the one virtual device
     and splits it there (``xs.mark_sharding``); reading only a process's shards would need a sharded
     tensor built from per-device pieces (docs/SHARDING.md).
     """
-    from safetensors import safe_open
-
-    with contextlib.ExitStack() as stack:
-        files = {
-            file: stack.enter_context(safe_open(file, framework="pt", device="cpu"))
-            for file in checkpoint.files
-        }
+    files: dict[str, SafetensorsFile] = {}
+    try:
+        for file in checkpoint.files:
+            files[file] = SafetensorsFile(file)
 
         def read(name: str, tensor: torch.Tensor) -> torch.Tensor:
             if tensor.device.type != "meta":
                 return tensor.detach()
             source = checkpoint.sources[name]
-            return files[source.file].get_tensor(source.key).to(tensor.dtype)
+            return files[source.file].read(source.key, tensor.dtype)
 
-        return _place(model, plan, mesh, read)
+        adopt = mesh is None and runtime.platform() == "CPU"
+        return _place(model, plan, mesh, read, adopt=adopt)
+    finally:
+        for opened in files.values():
+            opened.close()
 
 
 def _place(
@@ -105,10 +108,12 @@ def _place(
     plan: ShardingPlan,
     mesh: Any,
     host_tensor: Callable[[str, torch.Tensor], torch.Tensor],
+    adopt: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Replace each distinct tensor of ``model`` by ``host_tensor(state name, tensor)`` moved to the XLA
     device (a tied weight once, every module holding it pointed at the one device tensor), then mark the
-    weights' layouts on a mesh."""
+    weights' layouts on a mesh. ``adopt``: the host tensors are fresh and the device is the CPU, so the
+    read tensors (not the module's own buffers) become device buffers without a copy."""
     runtime.start(spmd=mesh is not None)
     mesh = as_mesh(mesh)
     device = runtime.device()
@@ -116,7 +121,9 @@ def _place(
     placed_by_name: dict[str, torch.Tensor] = {}
     for full_name, registry, name, tensor in tensors.tensor_slots(model):
         if id(tensor) not in moved:
-            placed = host_tensor(full_name, tensor).to(device)
+            host = host_tensor(full_name, tensor)
+            fresh = adopt and tensor.device.type == "meta" and host.is_contiguous()
+            placed = xla_dlpack.from_dlpack(host) if fresh else host.to(device)
             if isinstance(tensor, torch.nn.Parameter):
                 placed = torch.nn.Parameter(placed, requires_grad=False)
             moved[id(tensor)] = placed_by_name[full_name] = placed
