@@ -47,7 +47,7 @@ def test_new_processor_settings_compile_and_trace_nothing(tiny):
     settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, top_p=0.9, seed=1)
     model.generate(ids, temperature=0.7, repetition_penalty=1.2, top_k=5, **settings)
     before, traced = runtime.counters(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    model.generate(ids, temperature=1.3, repetition_penalty=1.5, top_k=5, **settings)
+    model.generate(ids, temperature=1.3, repetition_penalty=1.5, top_k=9, **settings)
     assert (runtime.counters() - before).compiles == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
 
@@ -175,3 +175,32 @@ def test_torch_in_torch_out_on_the_input_device(tiny):
     expected = reference_generate(ref, ids.numpy(), max_new_tokens=6)
     assert_same_continuation(expected, out, pad_token_id=0)
     np.testing.assert_array_equal(as_numpy(on_xla), as_numpy(out))
+
+
+def test_beam_search_reads_every_calls_settings_in_its_compiled_step(tmp_path):
+    # The step is traced in the first call, whose prompt width equals its limit (6 and 6); later calls in
+    # the same bucket bring other widths, limits and a length penalty: torch_xla gave equal 0-d host values
+    # one buffer, and the traced step kept reading the first call's (generation._on_device).
+    import hfax
+
+    reference = save_tiny(tiny_config("llama"), tmp_path, spread=True)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="torch_xla")
+    options = dict(
+        max_new_tokens=6,
+        num_beams=2,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    calls = [(PROMPTS[0], {}), (PROMPTS[2], {}), (PROMPTS[1], dict(length_penalty=1.5))]
+    for number, (prompt, extra) in enumerate(calls):
+        ids = np.array([prompt])
+        got = model.generate(ids, **options, **extra)
+        with torch.no_grad():
+            want = reference.generate(torch.as_tensor(ids), **options, **extra)
+        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+        np.testing.assert_allclose(
+            as_numpy(got.sequences_scores), want.sequences_scores.numpy(), atol=1e-4
+        )
+        if number:
+            assert model.last_generate_stats.compiles == 0

@@ -227,8 +227,14 @@ def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) ->
                 streamer is not None
             ):  # nothing past the end of the longest row, as transformers stops there
                 _put(streamer, _padded_tokens(new, ends, sent, int(min(step, ends.max())), request))
-        sent = step
         finished = state["finished"][:rows].all() or (ends <= step).all()
+        if step < limit and not state["finished"].all():
+            # An engine must reach the limit or finish every row; looping again would never end.
+            raise RuntimeError(
+                f"hfax's {type(engine).__name__} stopped at new token {step} of {limit} with rows still "
+                "running: its compiled step did not advance (a bug in hfax; please report it)"
+            )
+        sent = step
         late = request.deadline is not None and time.monotonic() > request.deadline
         if step >= request.max_new or finished or late:
             break

@@ -188,7 +188,7 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     """Choose the next token of every row: the program compiled once per bucket.
 
     ``chosen`` is the token state (:mod:`hfax.generation.tokens`), ``valid`` ``[rows, prompt + capacity]``
-    which cache slots hold real tokens, ``seen`` the real prompt tokens per row, ``limit`` (0-d) the new
+    which cache slots hold real tokens, ``seen`` the real prompt tokens per row, ``limit`` (``[1]``) the new
     tokens the run may reach, ``source`` an encoder-decoder's encoder output (:func:`encode`). Once the
     loop condition fails the state stays as it is. Everything is a tensor, so the step has no Python value
     that changes from one token to the next.
@@ -200,7 +200,7 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     slot = (decoding.prompt + step - 1).view(1)
     positions = (seen + step - 1).view(rows, 1)
     logits = _logits(module, cache, last, positions, valid, slot, static, source=source)
-    going = tokens.running(chosen, limit)
+    going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if reorder is not None:  # beam search: every row's cache now follows the beam it extends
         order = reorder.to(torch.int64)
@@ -249,12 +249,21 @@ class _CrossLayer(StaticLayer):
 
 
 def _on_device(tree: Any, device: Any) -> Any:
-    """The host arrays of ``tree`` (dicts, lists, numpy) as tensors on ``device``."""
+    """The host arrays of ``tree`` (dicts, lists, numpy) as tensors on ``device``.
+
+    A 0-d array goes as one element viewed as 0-d (materialized by the prefill's ``torch_xla.sync``):
+    torch_xla gives 0-d host tensors of equal value one device buffer, and its dynamo bridge binds a
+    compiled step's inputs to the buffers it saw when it traced. A later call whose scalars differ ran
+    with the traced call's values: a beam search whose prompt width differed from its first call's read
+    the first width and never stopped, and a first call whose width equalled its limit fused the two."""
     if isinstance(tree, dict):
         return {name: _on_device(value, device) for name, value in tree.items()}
     if isinstance(tree, (list, tuple)):
         return type(tree)(_on_device(value, device) for value in tree)
-    return torch.from_numpy(np.array(tree)).to(device)
+    array = np.array(tree)
+    if array.ndim == 0:
+        return torch.from_numpy(array.reshape(1)).to(device).view(())
+    return torch.from_numpy(array).to(device)
 
 
 @dataclasses.dataclass
@@ -359,7 +368,8 @@ class TorchXlaEngine:
     def advance(self, run: Run, limit: int) -> Run:
         model = self.model
         step_program = model.program("decode", decode_step)
-        limit_tensor = torch.tensor(limit, dtype=torch.int32).to(runtime.device())
+        # one element, not a 0-d host tensor (see _on_device); the step views it as 0-d
+        limit_tensor = torch.tensor([limit], dtype=torch.int32).to(runtime.device())
         with torch.no_grad(), linear.held(run.weights):
             while run.steps < limit:
                 for _ in range(min(STREAM_CHUNK, limit - run.steps)):
