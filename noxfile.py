@@ -252,7 +252,7 @@ def missing_wheels(pins: list[tuple[Requirement, str]], directory: Path) -> list
 #: compiles slowly on CPU and one process compiles at most ~48 programs: the whole file (45 cases) is
 #: run by hand, in two processes.
 TORCHXLA_FEATURES = (
-    "(llama and greedy_processors) or beam_search_matches or batch_of_one or eos_none"
+    "(llama and greedy_processors) or beam_search or batch_of_one or eos_none"
     " or sampling_is_fresh or result_has_the_type or encoder_decoder"
 )
 
