@@ -185,10 +185,12 @@ from importlib.metadata import PackageNotFoundError, requires, version
 from packaging.requirements import Requirement
 
 problems = []
-for distribution in sys.argv[1:]:
+for index, distribution in enumerate(sys.argv[1:]):
+    # the session's package with its test extra; its siblings as they are installed, without theirs
+    extra = "test" if index == 0 else ""
     for line in requires(distribution) or []:
         requirement = Requirement(line)
-        if requirement.marker and not requirement.marker.evaluate({"extra": "test"}):
+        if requirement.marker and not requirement.marker.evaluate({"extra": extra}):
             continue
         try:
             installed = version(requirement.name)
