@@ -96,8 +96,7 @@ def load_weights(
             source = checkpoint.sources[name]
             return files[source.file].read(source.key, tensor.dtype)
 
-        adopt = mesh is None and runtime.platform() == "CPU"
-        return _place(model, plan, mesh, read, adopt=adopt)
+        return _place(model, plan, mesh, read, fresh=True)
     finally:
         for opened in files.values():
             opened.close()
@@ -108,13 +107,15 @@ def _place(
     plan: ShardingPlan,
     mesh: Any,
     host_tensor: Callable[[str, torch.Tensor], torch.Tensor],
-    adopt: bool = False,
+    fresh: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Replace each distinct tensor of ``model`` by ``host_tensor(state name, tensor)`` moved to the XLA
     device (a tied weight once, every module holding it pointed at the one device tensor), then mark the
-    weights' layouts on a mesh. ``adopt``: the host tensors are fresh and the device is the CPU, so the
-    read tensors (not the module's own buffers) become device buffers without a copy."""
+    weights' layouts on a mesh. ``fresh``: ``host_tensor`` reads new tensors for the ``meta`` weights,
+    which on one CPU device become device buffers without a copy (the module's own buffers are copied)."""
     runtime.start(spmd=mesh is not None)
+    # decided once the runtime has started: asking for the platform first could start it without SPMD
+    adopt = fresh and mesh is None and runtime.platform() == "CPU"
     mesh = as_mesh(mesh)
     device = runtime.device()
     moved: dict[int, torch.Tensor] = {}
@@ -122,8 +123,8 @@ def _place(
     for full_name, registry, name, tensor in tensors.tensor_slots(model):
         if id(tensor) not in moved:
             host = host_tensor(full_name, tensor)
-            fresh = adopt and tensor.device.type == "meta" and host.is_contiguous()
-            placed = xla_dlpack.from_dlpack(host) if fresh else host.to(device)
+            read = adopt and tensor.device.type == "meta" and host.is_contiguous()
+            placed = xla_dlpack.from_dlpack(host) if read else host.to(device)
             if isinstance(tensor, torch.nn.Parameter):
                 placed = torch.nn.Parameter(placed, requires_grad=False)
             moved[id(tensor)] = placed_by_name[full_name] = placed
