@@ -60,62 +60,97 @@ class Static:
         return self.layer_types is None or bool(kinds - slot_cache.LINEAR_TYPES)
 
 
-def _step(
-    model: Any,
-    static: Static,
-    params: Any,
-    states: Any,
-    ids: Any,
-    positions: Any,
-    valid: Any,
-    query_slots: Any,
-    slot: Any,
-    source: Any = None,
-    at: Any = None,
-    masked: bool = True,
-    inputs: Any = None,
-    *,
-    layout: decode_layout.DecodeLayout,
-) -> Any:
-    """One forward over ``ids`` at ``query_slots``, written from ``slot`` into a cache of ``valid.shape[1]`` slots.
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The tokens one forward reads: ``ids`` at ``positions``, in the cache slots ``queries``, written from
+    ``slot`` into a cache of ``valid.shape[1]`` slots of which ``valid`` (``[batch, slots]``, bool) marks the
+    real tokens."""
 
-    ``valid`` (``[batch, slots]``, bool) says which slots hold real tokens; the attention mask comes from it
-    through ``hfax.masks``, unless not ``masked`` (a recurrent model decoding needs none). An
-    encoder-decoder decodes ``ids`` against ``source``: the encoder's inputs by name on the first step,
-    which runs the encoder, its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. A
-    decoder-only prefill passes ``inputs`` (a dict of the model's other inputs, images included) and
-    ``static.constants`` to the model as well. A model without a cache reads
-    all of ``ids`` and gives the logits at position ``at``. ``params`` are held as ``layout`` says
-    (:mod:`~hfax.backends.jax.decode_layout`): its transposed weights are given to the model as the ``[out, in]``
-    it expects.
-    Returns the last (or ``at``) position's logits, the cache states and the encoder's output (``None``
-    without an encoder).
-    """
-    length = valid.shape[1]
-    constants = inputs is not None and bool(static.constants)
-    if constants:
-        inputs = {**inputs, **{constant.name: constant.array() for constant in static.constants}}
-    tparams, tids, tpositions, tvalid, tqueries, tslot, tstates, tsource, tinputs = to_tensor(
-        (params, ids, positions, valid, query_slots, slot, states, source, inputs)
-    )
-    folding = held.folding(constants)
-    with env(), lowerings.row_products(layout.row_products), folding:
-        tparams = {
-            name: value.T if name in layout.transposed else value for name, value in tparams.items()
-        }
-        blocks = None
-        if static.blocks and tinputs is not None:
-            blocks = masks.block_ids(model.module)(tinputs["token_type_ids"])
-        tmask = (
-            masks.attention_mask(static.mask_plan, tvalid, tqueries, model.module.dtype, blocks)
-            if masked
-            else None
-        )
-        if static.encoder_decoder:
-            if (
-                "encoded" not in tsource
-            ):  # the first step: the encoder runs alone, as in transformers' generate
-                encoder = _Encoder(model.module)
+    ids: Any
+    positions: Any
+    valid: Any
+    queries: Any
+    slot: Any = 0
+
+    def as_tensors(self) -> Window:
+        return Window(*to_tensor((self.ids, self.positions, self.valid, self.queries, self.slot)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """The model's forward as one program runs it: ``params`` held as ``layout`` says
+    (:mod:`~hfax.backends.jax.decode_layout`; its transposed weights go to the model as the ``[out, in]`` it
+    expects). :meth:`decoder` serves decoder-only models, :meth:`encoder_decoder` the others; both return
+    the logits of one position in float32 and the cache's states after the forward."""
+
+    model: Any
+    static: Static
+    layout: decode_layout.DecodeLayout
+    params: Any
+
+    def decoder(
+        self,
+        window: Window,
+        states: Any,
+        *,
+        inputs: Any = None,
+        masked: bool = True,
+        at: Any = None,
+    ) -> tuple[Any, Any]:
+        """A decoder-only forward over ``window`` into the cache holding ``states`` (``None``: a cache of
+        the window's length, new). A prefill passes ``inputs`` (the model's other inputs, images included)
+        and ``static.constants`` go with them; a recurrent model decoding needs no mask (not ``masked``). A
+        model without a cache reads all of the window's ids and gives the logits at position ``at``; the
+        others give the last position's."""
+        static = self.static
+        constants = inputs is not None and bool(static.constants)
+        if constants:
+            inputs = {
+                **inputs,
+                **{constant.name: constant.array() for constant in static.constants},
+            }
+        with env(), lowerings.row_products(self.layout.row_products), held.folding(constants):
+            tparams = self._torch_params()
+            twindow = window.as_tensors()
+            tstates, tinputs = to_tensor((states, inputs))
+            blocks = None
+            if static.blocks and tinputs is not None:
+                blocks = masks.block_ids(self.model.module)(tinputs["token_type_ids"])
+            tmask = self._mask(twindow, blocks) if masked else None
+            cache = None
+            if static.cache_argument:
+                cache = slot_cache.SlotCache(
+                    window.valid.shape[1],
+                    twindow.slot,
+                    static.layer_types,
+                    tstates,
+                    in_place=self.layout.in_place_cache,
+                    dtype=slot_cache.buffer_dtype(self.model.dtype, self.model.platform),
+                )
+            kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
+            # Multimodal positions among the inputs replace the plain ones.
+            output = self._call(tparams, kwargs, cache, twindow.positions, tinputs)
+            logits = output.logits if at is not None else output.logits[:, -1, :]
+            new_states = cache.states(after=output.logits) if cache is not None else []
+            logits, new_states = to_array((logits, new_states))
+        if at is not None:
+            logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
+        return logits.astype(jnp.float32), self._constrained(new_states)
+
+    def encoder_decoder(
+        self, window: Window, states: Any, source: dict[str, Any]
+    ) -> tuple[Any, Any, Any]:
+        """The decoder's forward over ``window`` against ``source``: the encoder's inputs by name on the
+        first step (``states`` is ``None``), which runs the encoder alone as transformers' ``generate``
+        does; its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. Also returns the
+        encoder's output, which the decode loop carries."""
+        with env(), lowerings.row_products(self.layout.row_products):
+            tparams = self._torch_params()
+            twindow = window.as_tensors()
+            tstates, tsource = to_tensor((states, source))
+            tmask = self._mask(twindow, None)
+            if "encoded" not in tsource:
+                encoder = _Encoder(self.model.module)
                 encoded = torch.func.functional_call(
                     encoder, _prefixed(tparams), (), dict(tsource), tie_weights=True, strict=False
                 )
@@ -123,56 +158,54 @@ def _step(
                 tsource = (
                     {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
                 )
-            cache = _encoder_decoder_cache(length, tslot, tstates, tsource)
-            kwargs: dict[str, Any] = dict(decoder_input_ids=tids, decoder_attention_mask=tmask)
+            cache = _encoder_decoder_cache(window.valid.shape[1], twindow.slot, tstates, tsource)
+            kwargs = dict(
+                decoder_input_ids=twindow.ids,
+                decoder_attention_mask=tmask,
+                encoder_outputs=tsource["encoded"],
+            )
             if "mask" in tsource:
                 kwargs["attention_mask"] = tsource["mask"]
-            kwargs["encoder_outputs"] = tsource["encoded"]
-        else:
-            cache = None
-            if static.cache_argument:
-                dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
-                cache = slot_cache.SlotCache(
-                    length,
-                    tslot,
-                    static.layer_types,
-                    tstates,
-                    in_place=layout.in_place_cache,
-                    dtype=dtype,
-                )
-            kwargs = dict(input_ids=tids, attention_mask=tmask)
-        if cache is not None:
-            kwargs.update({static.cache_argument: cache, "use_cache": True})
-        if static.pass_positions:
-            kwargs["position_ids"] = tpositions
-        if tinputs is not None and not static.encoder_decoder:
-            kwargs.update(tinputs)  # multimodal positions replace the plain ones
-        if static.logits_to_keep and cache is not None:
-            kwargs["logits_to_keep"] = 1
-        output = torch.func.functional_call(
-            model.module, tparams, (), kwargs, tie_weights=True, strict=False
-        )
-        logits = output.logits if at is not None else output.logits[:, -1, :]
-        if static.encoder_decoder:
+            output = self._call(tparams, kwargs, cache, twindow.positions)
             new_states = {
                 "self": cache.self_attention_cache.states(),
                 "cross": cache.cross_attention_cache.states(),
             }
-            hidden = tsource["encoded"]
-            pytrees.register(type(hidden))  # carried from step to step by the decode loop
-        else:
-            new_states, hidden = (
-                (cache.states(after=output.logits) if cache is not None else []),
-                None,
-            )
-        logits, new_states, hidden = to_array((logits, new_states, hidden))
-    if at is not None:
-        logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
-    if (
-        model.mesh is not None
-    ):  # heads over `model`, rows over the batch axes, in prefill and every decode step
-        new_states = mesh.constrain(new_states, functools.partial(_state_sharding, model.mesh))
-    return logits.astype(jnp.float32), new_states, hidden
+            encoded = tsource["encoded"]
+            pytrees.register(type(encoded))  # carried from step to step by the decode loop
+            logits, new_states, encoded = to_array((output.logits[:, -1, :], new_states, encoded))
+        return logits.astype(jnp.float32), self._constrained(new_states), encoded
+
+    def _torch_params(self) -> dict[str, Any]:
+        transposed = self.layout.transposed
+        return {
+            name: value.T if name in transposed else value
+            for name, value in to_tensor(self.params).items()
+        }
+
+    def _mask(self, window: Window, blocks: Any) -> Any:
+        plan, dtype = self.static.mask_plan, self.model.module.dtype
+        return masks.attention_mask(plan, window.valid, window.queries, dtype, blocks)
+
+    def _call(self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any,
+              inputs: Any = None) -> Any:  # fmt: skip
+        static = self.static
+        if cache is not None:
+            kwargs.update({static.cache_argument: cache, "use_cache": True})
+        if static.pass_positions:
+            kwargs["position_ids"] = positions
+        kwargs.update(inputs or {})
+        if static.logits_to_keep and cache is not None:
+            kwargs["logits_to_keep"] = 1
+        return torch.func.functional_call(
+            self.model.module, tparams, (), kwargs, tie_weights=True, strict=False
+        )
+
+    def _constrained(self, states: Any) -> Any:
+        """On a mesh: heads over `model`, rows over the batch axes, in prefill and every decode step."""
+        if self.model.mesh is None:
+            return states
+        return mesh.constrain(states, functools.partial(_state_sharding, self.model.mesh))
 
 
 class _Encoder(torch.nn.Module):
@@ -251,10 +284,12 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     # The prompt runs against a cache of its own length, as in transformers' first step (recurrent layers
     # take the mask's last `length` entries as the prompt's); the attention buffers then grow by the capacity.
     layout = _layout(model, static, batch, steps=0)
-    logits, states, hidden = _step(
-        model, static, params, None, ids, positions, prompt_mask, jnp.arange(length), 0, source,
-        inputs=inputs if not static.encoder_decoder else None, layout=layout,
-    )  # fmt: skip
+    forward = Forward(model, static, layout, params)
+    window = Window(ids, positions, prompt_mask, jnp.arange(length))
+    if static.encoder_decoder:
+        logits, states, hidden = forward.encoder_decoder(window, None, source)
+    else:
+        (logits, states), hidden = forward.decoder(window, None, inputs=inputs), None
     decoding = static.decoding
     chosen = _on_torch(
         lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
@@ -291,17 +326,23 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
         chosen = state["tokens"]
         step = chosen["step"]
         slot = prompt_length + step - 1
+        forward = Forward(model, static, layout, params)
         if static.cache_argument:
             last = _on_torch(lambda c: tokens.last_tokens(c, decoding), chosen)
             positions = (seen + step - 1 + state.get("offsets", 0))[:, None]
-            logits, states, _ = _step(model, static, params, state["states"], last, positions, state["valid"], slot[None],
-                                      slot, state.get("source"), masked=static.attends, layout=layout)  # fmt: skip
+            window = Window(last, positions, state["valid"], slot[None], slot)
+            if static.encoder_decoder:
+                logits, states, _ = forward.encoder_decoder(
+                    window, state["states"], state["source"]
+                )
+            else:
+                logits, states = forward.decoder(window, state["states"], masked=static.attends)
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
             valid = state["valid"] & (jnp.arange(length) <= slot)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
-            logits, states, _ = _step(model, static, params, [], chosen["ids"], positions, valid, jnp.arange(length), 0,
-                                      at=slot, layout=layout)  # fmt: skip
+            window = Window(chosen["ids"], positions, valid, jnp.arange(length))
+            logits, states = forward.decoder(window, None, at=slot)
         chosen, reorder = _on_torch(
             lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
         )

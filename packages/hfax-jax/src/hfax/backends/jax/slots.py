@@ -9,7 +9,7 @@
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
-:func:`hfax.backends.jax.generation._step` that ``generate``'s decode runs (one traced write slot, in-place
+:meth:`hfax.backends.jax.generation.Forward.decoder` that ``generate``'s decode runs (one traced write slot, in-place
 cache updates). A request admitted at clock ``t`` has its prompt's bucket written into its row at columns
 ``[t - bucket, t)``; its tokens then follow at ``t, t + 1, ...``. Its positions are its own (passed
 explicitly) and ``valid`` hides every column of the row that holds another request's leftovers, so the
@@ -36,10 +36,11 @@ from hfax import masks
 from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import decode_layout, mesh, monitor
 from hfax.backends.jax.generation import (
+    Forward,
     Static,
+    Window,
     _cache_argument,
     _on_torch,
-    _step,
     _wait,
 )
 from hfax.generation import processors, rows, tokens
@@ -125,9 +126,8 @@ def start_program(
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
     layout = slot_layout(model, slots)
-    _, states, _ = _step(
-        model, static, params, None, ids, ids, valid, jnp.zeros((1,), jnp.int32), 0, layout=layout
-    )
+    window = Window(ids, ids, valid, jnp.zeros((1,), jnp.int32))
+    _, states = Forward(model, static, layout, params).decoder(window, None)
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
 
@@ -165,18 +165,8 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
-    logits, small, _ = _step(
-        model,
-        static.step,
-        params,
-        None,
-        ids,
-        positions,
-        mask,
-        jnp.arange(prompt),
-        0,
-        layout=static.layout,
-    )
+    forward = Forward(model, static.step, static.layout, params)
+    logits, small = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None)
     clock = state["clock"]
     first = clock - prompt
     axes = _slot_axes(model, static.step)
@@ -245,9 +235,9 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         table, clock = state["rows"], state["clock"]
         valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, 1), bool), (0, clock))
         ids, positions = table["last"][:, None], table["position"][:, None]
-        logits, states, _ = _step(model, static.step, params, state["states"], ids, positions, valid,
-                                  clock[None], clock, masked=static.step.attends,
-                                  layout=static.layout)  # fmt: skip
+        forward = Forward(model, static.step, static.layout, params)
+        window = Window(ids, positions, valid, clock[None], clock)
+        logits, states = forward.decoder(window, state["states"], masked=static.step.attends)
         live = ~table["finished"]
         chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])
