@@ -122,6 +122,38 @@ def test_model_counting_positions_from_the_cache(tmp_path):
     assert_generates_like_transformers(config, tmp_path)
 
 
+COUNTING_FROM_THE_CACHE_LENGTH = {
+    # torch.arange(past, past + n) over the cache's length, with no position_ids to take instead
+    "mvp": lambda: transformers.MvpConfig(
+        vocab_size=64, d_model=32, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+        encoder_attention_heads=4, decoder_ffn_dim=64, encoder_ffn_dim=64, max_position_embeddings=64,
+    ),
+    "trocr": lambda: transformers.TrOCRConfig(
+        vocab_size=64, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    ),
+    "roformer": lambda: transformers.RoFormerConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, is_decoder=True,
+    ),
+    # an index clipped with it: max(0, 1 - (n + past)) slices the ALiBi biases
+    "mpt": lambda: transformers.MptConfig(
+        vocab_size=64, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=64,
+    ),
+    # a check of the count against its sinusoid table's size (grown in Python when it is too small)
+    "xglm": lambda: transformers.XGLMConfig(
+        vocab_size=64, d_model=32, num_layers=2, attention_heads=4, ffn_dim=64, max_position_embeddings=64,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(COUNTING_FROM_THE_CACHE_LENGTH))
+def test_model_computing_with_the_cache_length(tmp_path, name):
+    """The decode step's cache length is traced; these models build ranges from it or compare it with a
+    number in Python (they failed to trace: TracerBoolConversionError, ConcretizationTypeError)."""
+    assert_generates_like_transformers(COUNTING_FROM_THE_CACHE_LENGTH[name](), tmp_path)
+
+
 def test_forced_eos_and_suppressed_first_tokens(tmp_path):
     # BART-family generation configs force EOS as the last token; Whisper's suppress tokens as the first.
     config = transformers.LlamaConfig(

@@ -39,7 +39,7 @@ import torch
 from transformers import cache_utils
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
-from hfax.backends.jax.runtime import torchax
+from hfax.backends.jax.runtime import env, torchax
 
 _WRITTEN = "_hfax_written"
 
@@ -63,6 +63,126 @@ def written(tensor: Any) -> Written | None:
 def _tagged(tensor: torch.Tensor, write: Written) -> torch.Tensor:
     setattr(tensor, _WRITTEN, write)
     return tensor
+
+
+class CacheLength(torchax.tensor.Tensor):
+    """How many tokens a slot cache held before this decode step (``get_seq_length()``): a traced count
+    whose offsets stay static.
+
+    Some models count positions from it instead of taking ``position_ids`` (MVP, TrOCR, RoFormer:
+    ``torch.arange(past, past + n)``), check it against a table's size (XGLM, M2M-100) or clip an index
+    with it (MPT: ``max(0, n - past)``): on a plain traced count the range has no static length and the
+    check no value, so tracing fails. Here the value is ``sign * slot + offset`` with ``sign`` and
+    ``offset`` static: adding or subtracting a Python int, or negating, keeps that form; ``torch.arange``
+    between two counts of one step has the static length of their offsets' difference; a comparison with a
+    number that holds (or fails) for every value the count can take is a concrete value. ``bounds`` are
+    those values: the cache holds at least one token (a traced count only comes after a prefill) and
+    fewer than its slots. Anything else computes on the count as the tensor it is.
+    """
+
+    def __new__(
+        cls, slot: jax.Array, offset: int, bounds: tuple[int, int], sign: int = 1
+    ) -> CacheLength:
+        value = slot if sign == 1 else -slot
+        value = value + offset if offset else value
+        length = torchax.tensor.Tensor.__new__(cls, value, env())
+        length._elem, length._env = value, env()
+        length.slot, length.offset, length.bounds, length.sign = slot, offset, bounds, sign
+        return length
+
+    def __init__(self, *args: Any) -> None:  # everything is set in __new__
+        pass
+
+    __hash__ = torchax.tensor.Tensor.__hash__
+
+    def _shifted(self, n: int) -> CacheLength:
+        least, most = self.bounds
+        return CacheLength(self.slot, self.offset + n, (least + n, most + n), self.sign)
+
+    def __neg__(self) -> CacheLength:
+        least, most = self.bounds
+        return CacheLength(self.slot, -self.offset, (-most, -least), -self.sign)
+
+    def __add__(self, other: Any) -> Any:
+        return self._shifted(other) if _is_int(other) else super().__add__(other)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._shifted(other) if _is_int(other) else super().__radd__(other)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._shifted(-other) if _is_int(other) else super().__sub__(other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return (-self)._shifted(other) if _is_int(other) else super().__rsub__(other)
+
+    def range_to(self, end: Any, step: Any = None, *, dtype: Any = None, **_: Any) -> Any:
+        """``torch.arange(self, end)`` when ``end`` is this count plus a number; ``None`` otherwise."""
+        if (
+            not isinstance(end, CacheLength)
+            or end.slot is not self.slot
+            or end.sign != self.sign
+            or step not in (None, 1)
+        ):
+            return None
+        values = self._elem + jnp.arange(max(end.offset - self.offset, 0), dtype=self._elem.dtype)
+        result = env().j2t_iso(values)
+        return result.to(dtype) if dtype is not None else result
+
+    def _decided(self, other: Any, holds: Any, fails: Any, traced: Any) -> Any:
+        if _is_int(other):
+            least, most = self.bounds
+            if holds(least, most, other) or fails(least, most, other):
+                with jax.ensure_compile_time_eval():  # a concrete value, also inside `jit`
+                    return env().j2t_iso(jnp.asarray(holds(least, most, other)))
+        return traced(other)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._decided(
+            other, lambda lo, hi, k: lo > k, lambda lo, hi, k: hi <= k, super().__gt__
+        )
+
+    def __ge__(self, other: Any) -> Any:
+        return self._decided(
+            other, lambda lo, hi, k: lo >= k, lambda lo, hi, k: hi < k, super().__ge__
+        )
+
+    def __lt__(self, other: Any) -> Any:
+        return self._decided(
+            other, lambda lo, hi, k: hi < k, lambda lo, hi, k: lo >= k, super().__lt__
+        )
+
+    def __le__(self, other: Any) -> Any:
+        return self._decided(
+            other, lambda lo, hi, k: hi <= k, lambda lo, hi, k: lo > k, super().__le__
+        )
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._decided(
+            other,
+            lambda lo, hi, k: lo == hi == k,
+            lambda lo, hi, k: not lo <= k <= hi,
+            super().__eq__,
+        )
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._decided(
+            other,
+            lambda lo, hi, k: not lo <= k <= hi,
+            lambda lo, hi, k: lo == hi == k,
+            super().__ne__,
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def seq_length(slot: Any, length: int) -> Any:
+    """What ``get_seq_length()`` returns for a cache of ``length`` slots written from ``slot``: the prefill's
+    Python int as it is, a decode step's traced slot as a :class:`CacheLength`."""
+    if isinstance(slot, int):
+        return slot
+    return CacheLength(env().t2j_iso(slot), 0, (1, length - 1))
 
 
 class SlotLayer(CacheLayerMixin):
@@ -125,7 +245,7 @@ class SlotLayer(CacheLayerMixin):
         return self.cache.length, 0
 
     def get_seq_length(self) -> Any:
-        return self.cache.write_slot
+        return seq_length(self.cache.write_slot, self.cache.length)
 
     def get_max_length(self) -> int:
         return self.cache.length
@@ -369,7 +489,7 @@ class SlotCache(Cache):
         return [layer.state(slot) if hasattr(layer, "state") else {} for layer in self.layers]
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
-        return self.write_slot
+        return seq_length(self.write_slot, self.length)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.length, 0

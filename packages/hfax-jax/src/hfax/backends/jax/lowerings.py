@@ -226,8 +226,27 @@ def _cpu_indices(environment: Any, original: Callable[..., Any]) -> Callable[...
     return getitem
 
 
+def _cache_ranges(environment: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.arange(past, past + n)`` over a decode step's cache length
+    (:class:`hfax.backends.jax.cache.CacheLength`): ``n`` positions from the traced count, a static shape.
+    Any other range is torchax's (a JAX function: it takes and gives JAX values)."""
+
+    def arange(*args: Any, **kwargs: Any) -> Any:
+        start = args[0] if args else kwargs.get("start")
+        if (span := getattr(start, "range_to", None)) is not None:
+            end = args[1] if len(args) > 1 else kwargs.pop("end", None)
+            step = args[2] if len(args) > 2 else kwargs.pop("step", None)
+            if (result := span(end, step, **kwargs)) is not None:
+                return result
+        args, kwargs = environment.t2j_iso((args, kwargs))
+        return environment.j2t_iso(original(*args, **kwargs))
+
+    return arange
+
+
 #: torch operations whose torchax lowering is wrapped: it works on torchax tensors, given its arguments fixed.
 WRAPPED: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
+    torch.arange: _cache_ranges,
     torch.ops.aten.copy_.default: _copy_from_views,
     torch.Tensor.__getitem__: _cpu_indices,
 }
