@@ -31,7 +31,8 @@ kv_heads, head_dim, length]``, the layout in which ``q @ k^T`` reads them withou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import operator
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,13 @@ def written(tensor: Any) -> Written | None:
 def _tagged(tensor: torch.Tensor, write: Written) -> torch.Tensor:
     setattr(tensor, _WRITTEN, write)
     return tensor
+
+
+def _comparison(op: Callable[[int, int], bool], traced: Any) -> Any:
+    def compare(self: CacheLength, other: Any) -> Any:
+        return self._compared(other, op, traced)
+
+    return compare
 
 
 class CacheLength(torchax.tensor.Tensor):
@@ -128,49 +136,23 @@ class CacheLength(torchax.tensor.Tensor):
         result = env().j2t_iso(values)
         return result.to(dtype) if dtype is not None else result
 
-    def _decided(self, other: Any, holds: Any, fails: Any, traced: Any) -> Any:
+    def _compared(self, other: Any, op: Callable[[int, int], bool], traced: Any) -> Any:
+        """``op(self, other)``: a concrete value when it is the same for every value the count can take
+        (comparisons are monotone but for equality, so the bounds and ``other`` itself decide it)."""
         if _is_int(other):
             least, most = self.bounds
-            if holds(least, most, other) or fails(least, most, other):
+            results = {op(value, other) for value in (least, most, min(max(other, least), most))}
+            if len(results) == 1:
                 with jax.ensure_compile_time_eval():  # a concrete value, also inside `jit`
-                    return env().j2t_iso(jnp.asarray(holds(least, most, other)))
-        return traced(other)
+                    return env().j2t_iso(jnp.asarray(results.pop()))
+        return traced(self, other)
 
-    def __gt__(self, other: Any) -> Any:
-        return self._decided(
-            other, lambda lo, hi, k: lo > k, lambda lo, hi, k: hi <= k, super().__gt__
-        )
-
-    def __ge__(self, other: Any) -> Any:
-        return self._decided(
-            other, lambda lo, hi, k: lo >= k, lambda lo, hi, k: hi < k, super().__ge__
-        )
-
-    def __lt__(self, other: Any) -> Any:
-        return self._decided(
-            other, lambda lo, hi, k: hi < k, lambda lo, hi, k: lo >= k, super().__lt__
-        )
-
-    def __le__(self, other: Any) -> Any:
-        return self._decided(
-            other, lambda lo, hi, k: hi <= k, lambda lo, hi, k: lo > k, super().__le__
-        )
-
-    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
-        return self._decided(
-            other,
-            lambda lo, hi, k: lo == hi == k,
-            lambda lo, hi, k: not lo <= k <= hi,
-            super().__eq__,
-        )
-
-    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
-        return self._decided(
-            other,
-            lambda lo, hi, k: not lo <= k <= hi,
-            lambda lo, hi, k: lo == hi == k,
-            super().__ne__,
-        )
+    __gt__ = _comparison(operator.gt, torchax.tensor.Tensor.__gt__)
+    __ge__ = _comparison(operator.ge, torchax.tensor.Tensor.__ge__)
+    __lt__ = _comparison(operator.lt, torchax.tensor.Tensor.__lt__)
+    __le__ = _comparison(operator.le, torchax.tensor.Tensor.__le__)
+    __eq__ = _comparison(operator.eq, torchax.tensor.Tensor.__eq__)  # type: ignore[assignment]
+    __ne__ = _comparison(operator.ne, torchax.tensor.Tensor.__ne__)  # type: ignore[assignment]
 
 
 def _is_int(value: Any) -> bool:
