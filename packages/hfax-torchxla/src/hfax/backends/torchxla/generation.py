@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch_xla
+from transformers import cache_utils
 from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 
 from hfax import masks
@@ -223,6 +224,20 @@ def _self_attention(cache: Cache) -> Cache:
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
+#: transformers' cache layer types that a ``StaticLayer`` holds (a window or chunk is applied by the mask).
+ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+
+
+def _cache_kinds(config: Any) -> list[str]:
+    """transformers' cache layer type of every decoder layer of ``config`` (recurrent layers keep
+    ``"conv"`` or ``"linear_attention"`` states); none for a config that does not say."""
+    try:
+        kinds, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except Exception:  # noqa: BLE001 - configs without per-layer information
+        return []
+    return list(kinds)
+
+
 def _cache(config: Any, length: int, encoder_decoder: bool = False) -> Cache:
     """A full-length ``StaticLayer`` for every decoder layer, made before the forward: a model that
     builds its masks itself (from the 2-D mask) reads their length off the cache before the first layer
@@ -302,6 +317,13 @@ class TorchXlaEngine:
             raise NotImplementedError(
                 f"{type(model.module).__name__} takes no past_key_values, and hfax's generate on torch_xla "
                 "drives transformers' static KV cache: use backend='jax', or transformers' own generate"
+            )
+        other = sorted(set(_cache_kinds(model.config)) - ATTENTION_KINDS)
+        if other:
+            raise NotImplementedError(
+                f"{type(model.module).__name__}'s cache has {', '.join(map(repr, other))} layers, and hfax's "
+                "generate on torch_xla keeps attention keys and values only: use backend='jax' (its slot "
+                "cache carries these layers' states), or transformers' own generate"
             )
         ids, mask = plan.ids, plan.mask
         source_shapes = tuple(sorted((n, v.shape) for n, v in (plan.source or {}).items()))

@@ -24,12 +24,14 @@ def hfax_backends() -> list[BackendSpec]:
 @hookimpl
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Every plain ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight while ``generate`` holds
-    one (see :mod:`hfax.backends.torchxla.linear`)."""
+    one (see :mod:`hfax.backends.torchxla.linear`); mixture-of-experts layers run every expert on every
+    token instead of transformers' data-dependent grouping (:mod:`hfax.backends.torchxla.experts`)."""
     if backend != NAME:
         return
-    from hfax.backends.torchxla import linear
+    from hfax.backends.torchxla import experts, linear
 
     linear.patch(model, patcher)
+    experts.patch(model, patcher)
 
 
 @hookimpl
