@@ -1,5 +1,5 @@
 """Generate on PyTorch/XLA against transformers for the masks a model needs (the 2-D mask of BLOOM, chunked
-attention), beam search, and what the backend refuses.
+attention), mixture-of-experts layers, beam search, and what the backend refuses.
 
 Tiny models with spread random weights (a broken cache or mask changes their tokens), a batch with a
 left-padded row, the tokens of transformers' own ``generate`` on CPU.
@@ -10,9 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
+import torch
 import transformers
 
 import hfax
+from hfax.backends.torchxla import runtime
 from hfax.testing import (
     as_numpy,
     assert_same_continuation,
@@ -77,3 +80,76 @@ def test_beam_search_matches_transformers(tmp_path):
     expected = reference_generate(reference, ids, mask, **options)
     actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
     np.testing.assert_array_equal(actual, expected)
+
+
+MIXTURE_OF_EXPERTS = {
+    # transformers' default expert layout: [experts, out, in] weights, gate and up concatenated
+    "mixtral": lambda: transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
+    # [experts, in, out] weights with biases, gate and up interleaved, a gate of its own
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        head_dim=8,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXTURE_OF_EXPERTS))
+def test_mixture_of_experts(name, tmp_path):
+    # transformers' grouped experts count tokens with an integer histc torch_xla cannot run; hfax runs every
+    # expert on every token and weights them by the router: the forward and the tokens stay transformers'.
+    reference, model = load(MIXTURE_OF_EXPERTS[name](), tmp_path)
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    actual = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    real = mask.astype(bool)
+    np.testing.assert_allclose(
+        as_numpy(actual)[real], expected.detach().numpy()[real], atol=1e-4, rtol=1e-4
+    )
+    assert_generates_like_transformers(MIXTURE_OF_EXPERTS[name](), tmp_path / "again")
+
+
+def test_recurrent_cache_is_refused_before_compiling(tmp_path):
+    # Bamba's mamba layers keep conv and recurrent states a StaticLayer has no place for.
+    config = transformers.BambaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=8,
+        mamba_chunk_size=8,
+    )
+    reference, model = load(config, tmp_path)
+    compiled = runtime.counters().compiles
+    with pytest.raises(NotImplementedError, match="backend='jax'"):
+        model.generate(np.array([PROMPTS[0]]), max_new_tokens=4)
+    assert runtime.counters().compiles == compiled
+    ids = np.array([PROMPTS[0]])
+    np.testing.assert_allclose(
+        as_numpy(model(input_ids=torch.tensor(ids)).logits),
+        reference(input_ids=torch.tensor(ids)).logits.detach().numpy(),
+        atol=1e-4,
+        rtol=1e-4,
+    )
