@@ -220,3 +220,26 @@ def test_a_cache_of_another_kind_is_refused(tmp_path):
     model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
     with pytest.raises(NotImplementedError, match="takes 'state'"):
         model.generate(np.array([[5, 6, 7]]), max_new_tokens=2)
+
+
+LOOPING_OVER_EXPERTS = {
+    # [experts * ffn, hidden] weight matrices; the Python loop visits the experts the batch hit
+    "dbrx": lambda: transformers.DbrxConfig(
+        vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}, ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
+    ),
+    # routed experts and identity ("zero") experts numbered after them
+    "longcat_flash": lambda: transformers.LongcatFlashConfig(
+        vocab_size=64, hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
+        max_position_embeddings=64,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(LOOPING_OVER_EXPERTS))
+def test_experts_looping_over_the_batch(tmp_path, name):
+    # transformers loops in Python over the experts a batch hits (a data-dependent count, which no traced
+    # program has); hfax-core runs every expert on every token instead: the same tokens.
+    assert_generates_like_transformers(LOOPING_OVER_EXPERTS[name](), tmp_path)

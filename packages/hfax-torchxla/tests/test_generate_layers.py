@@ -126,9 +126,13 @@ def test_mixture_of_experts(name, tmp_path):
     assert_generates_like_transformers(MIXTURE_OF_EXPERTS[name](), tmp_path / "again")
 
 
-def test_recurrent_cache_is_refused_before_compiling(tmp_path):
-    # Bamba's mamba layers keep conv and recurrent states a StaticLayer has no place for.
-    config = transformers.BambaConfig(
+RECURRENT = {
+    # recurrent layers alone, their cache passed as cache_params
+    "mamba": lambda: transformers.MambaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2
+    ),
+    # mamba layers (conv and SSM states in transformers' LinearAttentionLayer) beside attention layers
+    "bamba": lambda: transformers.BambaConfig(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=48,
@@ -140,10 +144,56 @@ def test_recurrent_cache_is_refused_before_compiling(tmp_path):
         mamba_d_head=16,
         mamba_d_state=8,
         mamba_chunk_size=8,
+    ),
+    # "hybrid" cache layers: attention and mamba in every layer (LinearAttentionAndStaticFullAttentionLayer)
+    "falcon_h1": lambda: transformers.FalconH1Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=8,
+        mamba_chunk_size=8,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_recurrent_layers(name, tmp_path):
+    # The prompt's padding must not reach the recurrent states: prefill hands the model the prompt's 2-D
+    # mask, whose last columns its mamba layers multiply their input by.
+    assert_generates_like_transformers(RECURRENT[name](), tmp_path)
+
+
+def test_cache_layer_it_cannot_hold_is_refused_before_compiling(tmp_path):
+    # GLM-5's indexed attention keeps indexer keys beside its keys and values: no StaticLayer holds them.
+    config = transformers.GlmMoeDsaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        index_topk=4,
+        index_head_dim=8,
+        index_n_heads=2,
+        mlp_layer_types=["dense", "sparse"],
     )
     reference, model = load(config, tmp_path)
     compiled = runtime.counters().compiles
-    with pytest.raises(NotImplementedError, match="backend='jax'"):
+    with pytest.raises(NotImplementedError, match="'indexed_attention' layers.*backend='jax'"):
         model.generate(np.array([PROMPTS[0]]), max_new_tokens=4)
     assert runtime.counters().compiles == compiled
     ids = np.array([PROMPTS[0]])

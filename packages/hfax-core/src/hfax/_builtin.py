@@ -8,6 +8,15 @@ from hfax.hookspecs import hookimpl
 from hfax.registry import ShardingPlan
 
 
+@hookimpl
+def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
+    """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash) run every
+    expert with static shapes instead, on every backend (:mod:`hfax.experts`)."""
+    from hfax import experts
+
+    experts.patch_loops(model, patcher)
+
+
 @hookimpl(trylast=True)
 def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan:
     """transformers' own tensor-parallel plan: ``config.base_model_tp_plan`` plus the head's ``_tp_plan``,

@@ -5,8 +5,10 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
 * Shapes are bucketed by the core (rows and prompt and new-token counts to powers of two); prompts are
   left-padded into their bucket and the padding is masked, so a padded prompt produces the tokens it
   produces alone.
-* The KV cache is transformers' own ``StaticLayer`` for every layer, full length (a sliding window is
-  applied by the mask, never by slicing): buffers written in place at a tensor position. An
+* The KV cache is transformers' own ``StaticLayer`` for every attention layer, full length (a sliding
+  window is applied by the mask, never by slicing): buffers written in place at a tensor position; a
+  recurrent (mamba, linear-attention) layer's fixed-size states are transformers' ``LinearAttentionLayer``,
+  which also writes in place, and prefill hands such a model the prompt's 2-D mask. An
   encoder-decoder's is transformers' ``EncoderDecoderCache``: ``StaticLayer`` self-attention, and
   cross-attention layers as long as the encoder's output, filled once in prefill and read after. The mask
   comes from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
@@ -120,6 +122,10 @@ class Static:
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
+    cache_argument: str = "past_key_values"  # Mamba-style models take their cache as cache_params
+    attends: bool = (
+        True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
+    )
 
 
 #: Seconds spent tracing new buckets' decode steps in this process (XLA's compile time excluded).
@@ -139,8 +145,12 @@ def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, que
     blocks = None
     if "token_type_ids" in inputs and (number := masks.block_ids(module)) is not None:
         blocks = number(inputs["token_type_ids"])  # an image's tokens see each other (Gemma 3)
-    mask = masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype, blocks)
-    kwargs: dict[str, Any] = dict(past_key_values=cache, use_cache=True)
+    mask = (
+        None
+        if valid is None
+        else masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype, blocks)
+    )
+    kwargs: dict[str, Any] = {static.cache_argument: cache, "use_cache": True}
     if source is None:
         kwargs.update(input_ids=ids.to(torch.int64), attention_mask=mask)
     else:  # the decoder's ids against the encoder's output; its cross-attention reads the cache after prefill
@@ -170,6 +180,11 @@ def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, a
     length = ids.shape[1]
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
     query_slots = torch.arange(length, device=ids.device)
+    if static.mask_plan.two_d and masks.has_recurrent_layers(module.config):
+        # Recurrent layers zero their input's padding with the last `length` columns of a 2-D mask, so it
+        # is the prompt's, as transformers' generate passes it (its attention layers read it as masking
+        # the empty slots after the prompt).
+        valid = prompt_mask
     logits = _logits(module, cache, ids, positions, valid, query_slots, static, inputs, source)
     return tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
 
@@ -200,14 +215,17 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     last = tokens.last_tokens(chosen, decoding)
     slot = (decoding.prompt + step - 1).view(1)
     positions = (seen + step - 1).view(rows, 1)
-    logits = _logits(module, cache, last, positions, valid, slot, static, source=source)
+    # A purely recurrent model decodes without a mask, as transformers' generate drops it after the prompt:
+    # Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
+    logits = _logits(module, cache, last, positions, valid if static.attends else None, slot, static,
+                     source=source)  # fmt: skip
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if reorder is not None:  # beam search: every row's cache now follows the beam it extends
         order = reorder.to(torch.int64)
         for layer in _self_attention(cache).layers:
-            layer.keys.copy_(layer.keys.index_select(0, order))
-            layer.values.copy_(layer.values.index_select(0, order))
+            for tensor in _rows(layer):
+                tensor.copy_(tensor.index_select(0, order))
     return {name: torch.where(going, value, chosen[name]) for name, value in advanced.items()}
 
 
@@ -224,32 +242,73 @@ def _self_attention(cache: Cache) -> Cache:
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
-#: transformers' cache layer types that a ``StaticLayer`` holds (a window or chunk is applied by the mask).
-ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+#: transformers' cache layer types this engine holds: attention keys and values in a full-length
+#: ``StaticLayer`` (a window or chunk is applied by the mask, never by slicing); the fixed-size conv and
+#: recurrent states of linear-attention (mamba) layers in transformers' ``LinearAttentionLayer``, which
+#: writes them in place; both for a hybrid layer. ``"dummy"``, a layer that reads another layer's keys and
+#: values (Gemma 3n), gets an unused ``StaticLayer``.
+ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+RECURRENT_KINDS = frozenset({"conv", "linear_attention"})
+HYBRID_KINDS = frozenset({"hybrid", "hybrid_sliding"})
 
 
-def _cache_kinds(config: Any) -> list[str]:
-    """transformers' cache layer type of every decoder layer of ``config`` (recurrent layers keep
-    ``"conv"`` or ``"linear_attention"`` states); none for a config that does not say."""
+def _cache_kinds(config: Any) -> list[tuple[str, dict[str, Any]]]:
+    """transformers' cache layer type of every decoder layer of ``config``, with its layer's options
+    (the number of conv and recurrent states); none for a config that does not say."""
     try:
-        kinds, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        kinds, options = cache_utils.get_layer_types_and_kwargs(
+            config.get_text_config(decoder=True)
+        )
     except Exception:  # noqa: BLE001 - configs without per-layer information
         return []
-    return list(kinds)
+    return list(zip(kinds, options))
 
 
 def _cache(config: Any, length: int, encoder_decoder: bool = False) -> Cache:
-    """A full-length ``StaticLayer`` for every decoder layer, made before the forward: a model that
+    """The decoder's cache layers (see :data:`ATTENTION_KINDS`), made before the forward: a model that
     builds its masks itself (from the 2-D mask) reads their length off the cache before the first layer
     runs. An encoder-decoder's cross-attention layers take the encoder's output length when prefill
     writes them."""
     text = config.get_text_config(decoder=True)
     # T5's decoder depth is num_decoder_layers; other encoder-decoders map theirs to num_hidden_layers.
-    layers = getattr(text, "num_decoder_layers", None) or text.num_hidden_layers
-    decoder = Cache(layers=[StaticLayer(length) for _ in range(layers)])
+    count = getattr(text, "num_decoder_layers", None) or text.num_hidden_layers
+    kinds = _cache_kinds(config)
+    if len(kinds) != count:
+        kinds = [("full_attention", {})] * count
+    decoder = Cache(layers=[_layer(kind, options, length) for kind, options in kinds])
     if not encoder_decoder:
         return decoder
-    return EncoderDecoderCache(decoder, Cache(layers=[_CrossLayer() for _ in range(layers)]))
+    return EncoderDecoderCache(decoder, Cache(layers=[_CrossLayer() for _ in range(count)]))
+
+
+def _attends(config: Any) -> bool:
+    """Whether some decoder layer of ``config`` attends over past tokens (keeps keys and values)."""
+    kinds = {kind for kind, _ in _cache_kinds(config)}
+    return not kinds or bool(kinds - RECURRENT_KINDS)
+
+
+def _layer(kind: str, options: dict[str, Any], length: int) -> Any:
+    states = options.get("number_of_states", 1)
+    if kind in RECURRENT_KINDS:
+        return cache_utils.LinearAttentionLayer(number_of_states=states)
+    if kind in HYBRID_KINDS:
+        return cache_utils.LinearAttentionAndStaticFullAttentionLayer(
+            length, number_of_states=states
+        )
+    return StaticLayer(length)
+
+
+def _rows(layer: Any) -> list[torch.Tensor]:
+    """The tensors with a row per sequence that a cache layer holds across steps (keys and values, conv
+    and recurrent states): what a beam reorder permutes."""
+    tensors = []
+    if isinstance(layer, StaticLayer) and layer.is_initialized:
+        tensors += [layer.keys, layer.values]
+    if isinstance(layer, cache_utils.LinearAttentionCacheLayerMixin):
+        for kind in ("conv", "recurrent"):
+            initialized = getattr(layer, f"is_{kind}_states_initialized")
+            tensors += [t for i, t in getattr(layer, f"{kind}_states").items() if initialized[i]]
+    return tensors
 
 
 class _CrossLayer(StaticLayer):
@@ -313,17 +372,22 @@ class TorchXlaEngine:
 
     def start(self, plan: driver.Plan) -> Run:
         model = self.model
-        if not accepts(model.module, "past_key_values"):
+        cache_argument = next(
+            (name for name in ("past_key_values", "cache_params") if accepts(model.module, name)),
+            None,
+        )
+        if cache_argument is None:
             raise NotImplementedError(
-                f"{type(model.module).__name__} takes no past_key_values, and hfax's generate on torch_xla "
-                "drives transformers' static KV cache: use backend='jax', or transformers' own generate"
+                f"{type(model.module).__name__} takes no past_key_values (or cache_params), and hfax's generate "
+                "on torch_xla drives transformers' static cache: use backend='jax', or transformers' own generate"
             )
-        other = sorted(set(_cache_kinds(model.config)) - ATTENTION_KINDS)
+        handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS
+        other = sorted({kind for kind, _ in _cache_kinds(model.config)} - handled)
         if other:
             raise NotImplementedError(
                 f"{type(model.module).__name__}'s cache has {', '.join(map(repr, other))} layers, and hfax's "
-                "generate on torch_xla keeps attention keys and values only: use backend='jax' (its slot "
-                "cache carries these layers' states), or transformers' own generate"
+                "generate on torch_xla keeps attention keys and values and linear-attention states only: use "
+                "backend='jax' (its slot cache carries these layers), or transformers' own generate"
             )
         ids, mask = plan.ids, plan.mask
         source_shapes = tuple(sorted((n, v.shape) for n, v in (plan.source or {}).items()))
@@ -345,6 +409,8 @@ class TorchXlaEngine:
             pass_positions=plan.positions,
             logits_to_keep=accepts(model.module, "logits_to_keep"),
             encoder_decoder=plan.source is not None,
+            cache_argument=cache_argument,
+            attends=_attends(model.config),
         )
         static = _STATICS.setdefault(static, static)
         device = runtime.device()
@@ -372,7 +438,9 @@ class TorchXlaEngine:
         for layer in _layers(cache):
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
             # step on their identity and trace it again for every call's fresh buffers (and keep them alive).
-            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+            written = isinstance(layer, StaticLayer) and layer.is_initialized
+            length = [layer.cumulative_length] if written else []
+            for tensor in _rows(layer) + length:
                 torch._dynamo.mark_static_address(tensor, guard=False)
         return Run(
             static,

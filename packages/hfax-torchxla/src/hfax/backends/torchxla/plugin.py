@@ -24,14 +24,15 @@ def hfax_backends() -> list[BackendSpec]:
 @hookimpl
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Every plain ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight while ``generate`` holds
-    one (see :mod:`hfax.backends.torchxla.linear`); mixture-of-experts layers run every expert on every
-    token instead of transformers' data-dependent grouping (:mod:`hfax.backends.torchxla.experts`)."""
+    one (see :mod:`hfax.backends.torchxla.linear`); transformers' expert layers run every expert on every
+    token instead of its grouped path, whose token counts torch_xla cannot compute (:mod:`hfax.experts`)."""
     if backend != NAME:
         return
-    from hfax.backends.torchxla import experts, linear
+    from hfax import experts
+    from hfax.backends.torchxla import linear
 
     linear.patch(model, patcher)
-    experts.patch(model, patcher)
+    experts.use_every_expert(model, patcher)
 
 
 @hookimpl
