@@ -427,8 +427,10 @@ def summarize(
         if ran_backends != previous["backends"]:
             when += f", {', '.join(ran_backends)} only"
         for kind, archs in results.items():
-            document["rerun"].setdefault(when, []).extend(
-                f"{kind}/{arch}" for arch in sorted(archs)
+            ran = document["rerun"].setdefault(when, [])
+            # A row run twice on one day (again after a fix) is listed once.
+            ran.extend(
+                row for row in (f"{kind}/{arch}" for arch in sorted(archs)) if row not in ran
             )
         merged = {
             kind: {arch: _as_result(row) for arch, row in section["rows"].items()}
