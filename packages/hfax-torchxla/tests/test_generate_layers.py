@@ -169,31 +169,99 @@ def test_recurrent_layers(name, tmp_path):
     assert_generates_like_transformers(RECURRENT[name](), tmp_path)
 
 
-def test_cache_layer_it_cannot_hold_is_refused_before_compiling(tmp_path):
-    # GLM-5's indexed attention keeps indexer keys beside its keys and values: no StaticLayer holds them.
-    config = transformers.GlmMoeDsaConfig(
+INDEXED = {
+    # GLM-5's and DeepSeek V3.2's indexed attention: an indexer keeps keys of its own beside the keys and
+    # values and picks each query's top-k slots from all of them.
+    "glm_moe_dsa": lambda: transformers.GlmMoeDsaConfig(
         vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        moe_intermediate_size=16,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
         n_routed_experts=4,
         num_experts_per_tok=2,
-        kv_lora_rank=16,
-        q_lora_rank=24,
+        kv_lora_rank=32,
+        q_lora_rank=48,
         qk_rope_head_dim=8,
         qk_nope_head_dim=8,
-        v_head_dim=8,
+        v_head_dim=16,
         index_topk=4,
-        index_head_dim=8,
-        index_n_heads=2,
+        index_head_dim=16,
+        index_n_heads=4,
         mlp_layer_types=["dense", "sparse"],
+    ),
+    "deepseek_v32": lambda: transformers.DeepseekV32Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        mlp_layer_types=["dense", "sparse"],
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        num_experts_per_tok=2,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        index_topk=4,
+        index_head_dim=16,
+        index_n_heads=4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INDEXED))
+def test_indexed_attention(name, tmp_path):
+    # A top-k of 4 over 8-token prompts: a wrong indexer key (unwritten, or not moved with its beam) picks
+    # other slots.
+    assert_generates_like_transformers(INDEXED[name](), tmp_path)
+
+
+def test_indexed_attention_beams(tmp_path):
+    # Beams reorder the indexer keys with the keys and values. transformers' own beams on a left-padded row
+    # of this model differ from the same prompt alone, so each row is compared with its prompt alone.
+    reference, model = load(INDEXED["glm_moe_dsa"](), tmp_path)
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD, "num_beams": 3}
+    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    for row, prompt in enumerate(PROMPTS):
+        alone = np.array([prompt])
+        expected = reference_generate(reference, alone, np.ones_like(alone), **options)
+        np.testing.assert_array_equal(actual[row, ids.shape[1] :], expected[0, len(prompt) :])
+
+
+def test_cache_layer_it_cannot_hold_is_refused_before_compiling(tmp_path):
+    # DeepSeek V4's compressed attention layers keep pooled keys no layer of this engine holds.
+    config = transformers.DeepseekV4Config(
+        vocab_size=64,
+        hidden_size=32,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        q_lora_rank=24,
+        num_experts_per_tok=2,
+        n_routed_experts=4,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe"],
+        sliding_window=8,
+        index_n_heads=2,
+        index_head_dim=8,
+        index_topk=4,
+        partial_rotary_factor=1.0,
+        qk_rope_head_dim=8,
     )
     reference, model = load(config, tmp_path)
     compiled = runtime.counters().compiles
-    with pytest.raises(NotImplementedError, match="'indexed_attention' layers.*backend='jax'"):
+    with pytest.raises(NotImplementedError, match="'compressed_sparse_attention'.*backend='jax'"):
         model.generate(np.array([PROMPTS[0]]), max_new_tokens=4)
     assert runtime.counters().compiles == compiled
     ids = np.array([PROMPTS[0]])

@@ -245,9 +245,12 @@ def _self_attention(cache: Cache) -> Cache:
 #: transformers' cache layer types this engine holds: attention keys and values in a full-length
 #: ``StaticLayer`` (a window or chunk is applied by the mask, never by slicing); the fixed-size conv and
 #: recurrent states of linear-attention (mamba) layers in transformers' ``LinearAttentionLayer``, which
-#: writes them in place; both for a hybrid layer. ``"dummy"``, a layer that reads another layer's keys and
-#: values (Gemma 3n), gets an unused ``StaticLayer``.
+#: writes them in place; both for a hybrid layer; an indexed-attention layer's indexer keys beside its
+#: keys and values in transformers' ``StaticIndexedLayer`` (GLM-5, DeepSeek V3.2: its top-k over the whole
+#: buffer is static, the mask hides the empty slots). ``"dummy"``, a layer that reads another layer's keys
+#: and values (Gemma 3n), gets an unused ``StaticLayer``.
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+INDEXED_KINDS = frozenset({"indexed_attention"})
 RECURRENT_KINDS = frozenset({"conv", "linear_attention"})
 HYBRID_KINDS = frozenset({"hybrid", "hybrid_sliding"})
 
@@ -295,6 +298,8 @@ def _layer(kind: str, options: dict[str, Any], length: int) -> Any:
         return cache_utils.LinearAttentionAndStaticFullAttentionLayer(
             length, number_of_states=states
         )
+    if kind in INDEXED_KINDS:
+        return cache_utils.StaticIndexedLayer(length)
     return StaticLayer(length)
 
 
@@ -304,6 +309,8 @@ def _rows(layer: Any) -> list[torch.Tensor]:
     tensors = []
     if isinstance(layer, StaticLayer) and layer.is_initialized:
         tensors += [layer.keys, layer.values]
+    if getattr(layer, "is_indexer_initialized", False):
+        tensors.append(layer.indexer_keys)
     if isinstance(layer, cache_utils.LinearAttentionCacheLayerMixin):
         for kind in ("conv", "recurrent"):
             initialized = getattr(layer, f"is_{kind}_states_initialized")
@@ -381,12 +388,12 @@ class TorchXlaEngine:
                 f"{type(model.module).__name__} takes no past_key_values (or cache_params), and hfax's generate "
                 "on torch_xla drives transformers' static cache: use backend='jax', or transformers' own generate"
             )
-        handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS
+        handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS | INDEXED_KINDS
         other = sorted({kind for kind, _ in _cache_kinds(model.config)} - handled)
         if other:
             raise NotImplementedError(
                 f"{type(model.module).__name__}'s cache has {', '.join(map(repr, other))} layers, and hfax's "
-                "generate on torch_xla keeps attention keys and values and linear-attention states only: use "
+                "generate on torch_xla keeps attention keys and values, indexer keys and linear-attention states only: use "
                 "backend='jax' (its slot cache carries these layers), or transformers' own generate"
             )
         ids, mask = plan.ids, plan.mask
@@ -440,6 +447,8 @@ class TorchXlaEngine:
             # step on their identity and trace it again for every call's fresh buffers (and keep them alive).
             written = isinstance(layer, StaticLayer) and layer.is_initialized
             length = [layer.cumulative_length] if written else []
+            if getattr(layer, "is_indexer_initialized", False):
+                length.append(layer.indexer_cumulative_length)
             for tensor in _rows(layer) + length:
                 torch._dynamo.mark_static_address(tensor, guard=False)
         return Run(
