@@ -159,6 +159,22 @@ RECURRENT = {
         mamba_d_state=8,
         mamba_chunk_size=8,
     ),
+    # a layer that keeps nothing (an MLP) between a mamba layer and the attention layer: transformers finds
+    # the attention layer's cache by skipping dummy layers
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        layers_block_type=["linear_attention", "mlp", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=8,
+        n_groups=1,
+        chunk_size=8,
+    ),
 }
 
 

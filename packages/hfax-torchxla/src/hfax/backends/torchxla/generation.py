@@ -247,8 +247,11 @@ def _self_attention(cache: Cache) -> Cache:
 #: recurrent states of linear-attention (mamba) layers in transformers' ``LinearAttentionLayer``, which
 #: writes them in place; both for a hybrid layer; an indexed-attention layer's indexer keys beside its
 #: keys and values in transformers' ``StaticIndexedLayer`` (GLM-5, DeepSeek V3.2: its top-k over the whole
-#: buffer is static, the mask hides the empty slots). ``"dummy"``, a layer that reads another layer's keys
-#: and values (Gemma 3n), gets an unused ``StaticLayer``.
+#: buffer is static, the mask hides the empty slots). A ``"dummy"`` layer (one that keeps nothing: an MLP
+#: or expert layer of Nemotron-H, a layer reading another layer's keys and values in Gemma 3n) gets
+#: transformers' ``DummyLayer``, as in its static cache: transformers sizes masks and counts cached tokens
+#: on the first layer that is none of dummy, linear or sliding, so an unused ``StaticLayer`` there would
+#: read as an empty cache.
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
 INDEXED_KINDS = frozenset({"indexed_attention"})
 RECURRENT_KINDS = frozenset({"conv", "linear_attention"})
@@ -300,6 +303,8 @@ def _layer(kind: str, options: dict[str, Any], length: int) -> Any:
         )
     if kind in INDEXED_KINDS:
         return cache_utils.StaticIndexedLayer(length)
+    if kind == "dummy":
+        return cache_utils.DummyLayer()
     return StaticLayer(length)
 
 
