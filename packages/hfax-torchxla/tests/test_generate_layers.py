@@ -287,3 +287,33 @@ def test_cache_layer_it_cannot_hold_is_refused_before_compiling(tmp_path):
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+def test_cache_length_read_before_the_update(tmp_path):
+    # Inkling counts its queries' relative positions from the cache length read before the cache's update;
+    # transformers' StaticLayer adds to that count in place, so the positions were one token ahead and the
+    # decode steps' logits a few 1e-6 off (prefill exact). Scores equal transformers' within float32 noise.
+    config = transformers.InklingTextConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        swa_num_attention_heads=4,
+        swa_num_key_value_heads=2,
+        swa_head_dim=16,
+        sliding_window_size=8,
+        layer_types=["hybrid_sliding", "hybrid"],
+        mlp_layer_types=["dense", "dense"],
+    )
+    reference, model = load(config, tmp_path)
+    ids = np.array([[5, 17, 33, 9, 41, 8, 22, 60, 3, 4, 50, 40, 11, 12]])
+    options = {"max_new_tokens": 4, "output_scores": True, "return_dict_in_generate": True}
+    expected = reference.generate(torch.tensor(ids), do_sample=False, **options)
+    actual = model.generate(ids, **options)
+    for step, (want, got) in enumerate(zip(expected.scores, actual.scores)):
+        np.testing.assert_allclose(
+            as_numpy(got), want.numpy(), atol=1e-7, rtol=0, err_msg=f"step {step}"
+        )

@@ -281,10 +281,21 @@ def _cache(config: Any, length: int, encoder_decoder: bool = False) -> Cache:
     kinds = _cache_kinds(config)
     if len(kinds) != count:
         kinds = [("full_attention", {})] * count
-    decoder = Cache(layers=[_layer(kind, options, length) for kind, options in kinds])
+    decoder = _Cache(layers=[_layer(kind, options, length) for kind, options in kinds])
     if not encoder_decoder:
         return decoder
-    return EncoderDecoderCache(decoder, Cache(layers=[_CrossLayer() for _ in range(count)]))
+    return EncoderDecoderCache(decoder, _Cache(layers=[_CrossLayer() for _ in range(count)]))
+
+
+class _Cache(Cache):
+    """transformers' ``Cache``, whose count of cached tokens is a value of its own. A ``StaticLayer``'s count
+    is its ``cumulative_length`` tensor, which its ``update`` then adds to in place: a count read before the
+    update (Inkling's query positions, read so, as its comment says) would move with it, one token ahead
+    of transformers' dynamic cache."""
+
+    def get_seq_length(self, layer_idx: int = 0) -> Any:
+        length = super().get_seq_length(layer_idx)
+        return length.clone() if isinstance(length, torch.Tensor) else length
 
 
 def _attends(config: Any) -> bool:
