@@ -317,3 +317,12 @@ def test_cache_length_read_before_the_update(tmp_path):
         np.testing.assert_allclose(
             as_numpy(got), want.numpy(), atol=1e-7, rtol=0, err_msg=f"step {step}"
         )
+
+
+def test_model_without_a_cache(tmp_path):
+    # GPT-1 keeps no cache: every step reads the prompt and the tokens so far, as transformers' generate does.
+    config = transformers.OpenAIGPTConfig(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64
+    )
+    assert_generates_like_transformers(config, tmp_path)
+    assert_generates_like_transformers(config, tmp_path / "beams", num_beams=3)

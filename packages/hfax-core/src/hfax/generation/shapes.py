@@ -137,3 +137,22 @@ def accepts(module: Any, argument: str) -> bool:
     there and count positions from the cache themselves.
     """
     return argument in inspect.signature(module.forward).parameters
+
+
+#: Forward arguments of caches no hfax engine can stand in for (RWKV's state, XLNet's mems, ...).
+OTHER_CACHES = ("state", "mems", "use_mems", "cache", "past_buckets_states", "use_cache")
+
+
+def cache_argument(module: Any) -> str:
+    """The name under which a transformers model's forward takes its cache (Mamba-style models call it
+    ``cache_params``); ``""`` for a model without one, which then reads the whole sequence at every step, as
+    transformers does. A model with a cache of another kind is refused: re-reading the sequence would not
+    give its tokens."""
+    name = next((name for name in ("past_key_values", "cache_params") if accepts(module, name)), "")
+    other = [argument for argument in OTHER_CACHES if accepts(module, argument)]
+    if not name and other:
+        raise NotImplementedError(
+            f"{type(module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
+            "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
+        )
+    return name

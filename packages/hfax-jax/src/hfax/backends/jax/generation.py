@@ -32,7 +32,7 @@ from hfax.backends.jax import constants as held
 from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
-from hfax.generation.shapes import accepts
+from hfax.generation.shapes import accepts, cache_argument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,7 +500,7 @@ def _static(model: Any, plan: driver.Plan) -> Static:
         decoding=plan.decoding,
         layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
         mask_plan=masks.plan(model.config, model.module),
-        cache_argument=_cache_argument(model),
+        cache_argument=cache_argument(model.module),
         pass_positions=plan.positions,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
         encoder_decoder=encoder_decoder,
@@ -535,23 +535,3 @@ def lower(
     limit = mesh.replicate(np.int32(run.static.decoding.capacity), model.mesh)
     program = model.program("decode", decode_program, donate=("state",))
     return program.lower(model.params, run.state, limit, run.arrays, static=run.static)
-
-
-#: Forward arguments of caches hfax's slot cache cannot stand in for (RWKV's state, XLNet's mems, ...).
-OTHER_CACHES = ("state", "mems", "use_mems", "cache", "past_buckets_states", "use_cache")
-
-
-def _cache_argument(model: Any) -> str:
-    """The name under which the model's forward takes its cache (Mamba-style models call it ``cache_params``);
-    ``""`` for a model without one, which then reads the whole sequence at every step, as transformers does.
-    A model with a cache of another kind is refused: re-reading the sequence would not give its tokens."""
-    name = next(
-        (name for name in ("past_key_values", "cache_params") if accepts(model.module, name)), ""
-    )
-    other = [argument for argument in OTHER_CACHES if accepts(model.module, argument)]
-    if not name and other:
-        raise NotImplementedError(
-            f"{type(model.module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
-            "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
-        )
-    return name

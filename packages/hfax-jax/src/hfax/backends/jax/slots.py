@@ -39,12 +39,11 @@ from hfax.backends.jax.generation import (
     Forward,
     Static,
     Window,
-    _cache_argument,
     _on_torch,
     _wait,
 )
 from hfax.generation import processors, rows, tokens
-from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket
+from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket, cache_argument
 from hfax.serve.scheduler import Chunk
 
 
@@ -55,7 +54,9 @@ def check_servable(model: Any) -> None:
         raise NotImplementedError(
             f"hfax serve runs decoder-only models; {name} is an encoder-decoder"
         )
-    if _cache_argument(model) != "past_key_values" or not accepts(model.module, "position_ids"):
+    if cache_argument(model.module) != "past_key_values" or not accepts(
+        model.module, "position_ids"
+    ):
         raise NotImplementedError(
             f"hfax serve needs a model that takes past_key_values and position_ids; {name} does not"
         )

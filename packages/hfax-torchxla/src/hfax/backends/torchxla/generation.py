@@ -44,7 +44,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 
 from hfax import masks
 from hfax.backends.torchxla import linear, runtime
-from hfax.generation import driver, tokens
+from hfax.generation import driver, shapes, tokens
 from hfax.generation.shapes import STREAM_CHUNK, accepts
 
 #: XLA programs a process may compile before generate stops adding buckets (see the module docstring).
@@ -122,7 +122,8 @@ class Static:
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
-    cache_argument: str = "past_key_values"  # Mamba-style models take their cache as cache_params
+    # Mamba-style models take their cache as cache_params; "" for a model without a cache
+    cache_argument: str = "past_key_values"
     attends: bool = (
         True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
     )
@@ -135,10 +136,11 @@ _trace_seconds = [0.0]
 _STATICS: dict[Static, Static] = {}
 
 
-def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, query_slots: Any,
+def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: Any, query_slots: Any,
             static: Static, inputs: dict[str, Any] | None = None,
-            source: dict[str, Any] | None = None) -> Any:  # fmt: skip
-    """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits.
+            source: dict[str, Any] | None = None, at: Any = None) -> Any:  # fmt: skip
+    """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits, or
+    position ``at``'s (``[1]``: a model without a cache reads the whole sequence).
     ``inputs`` are the model's other inputs (images, ...: prefill only); ``source`` an encoder-decoder's
     encoder output (``encoded``) and the encoder's padding mask (``mask``, absent for features)."""
     inputs = inputs or {}
@@ -150,7 +152,9 @@ def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, que
         if valid is None
         else masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype, blocks)
     )
-    kwargs: dict[str, Any] = {static.cache_argument: cache, "use_cache": True}
+    kwargs: dict[str, Any] = {}
+    if static.cache_argument:
+        kwargs.update({static.cache_argument: cache, "use_cache": True})
     if source is None:
         kwargs.update(input_ids=ids.to(torch.int64), attention_mask=mask)
     else:  # the decoder's ids against the encoder's output; its cross-attention reads the cache after prefill
@@ -163,10 +167,11 @@ def _logits(module: Any, cache: Cache, ids: Any, positions: Any, valid: Any, que
             kwargs["attention_mask"] = source["mask"]
     if static.pass_positions:
         kwargs["position_ids"] = positions
-    if static.logits_to_keep:
+    if static.logits_to_keep and at is None:
         kwargs["logits_to_keep"] = 1
     kwargs.update(inputs)  # multimodal positions replace the plain ones
-    return module(**kwargs).logits[:, -1, :]
+    logits = module(**kwargs).logits
+    return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :]
 
 
 def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, arrays: Any,
@@ -180,8 +185,10 @@ def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, a
     length = ids.shape[1]
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
     query_slots = torch.arange(length, device=ids.device)
-    if static.mask_plan.two_d and masks.has_recurrent_layers(module.config):
-        # Recurrent layers zero their input's padding with the last `length` columns of a 2-D mask, so it
+    if not static.cache_argument or (
+        static.mask_plan.two_d and masks.has_recurrent_layers(module.config)
+    ):
+        # A model without a cache attends over the prompt alone. Recurrent layers zero their input's padding with the last `length` columns of a 2-D mask, so it
         # is the prompt's, as transformers' generate passes it (its attention layers read it as masking
         # the empty slots after the prompt).
         valid = prompt_mask
@@ -214,14 +221,23 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
     rows = valid.shape[0]
     last = tokens.last_tokens(chosen, decoding)
     slot = (decoding.prompt + step - 1).view(1)
-    positions = (seen + step - 1).view(rows, 1)
-    # A purely recurrent model decodes without a mask, as transformers' generate drops it after the prompt:
-    # Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
-    logits = _logits(module, cache, last, positions, valid if static.attends else None, slot, static,
-                     source=source)  # fmt: skip
+    if static.cache_argument:
+        positions = (seen + step - 1).view(rows, 1)
+        # A purely recurrent model decodes without a mask, as transformers' generate drops it after the
+        # prompt: Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
+        logits = _logits(module, cache, last, positions, valid if static.attends else None, slot, static,
+                         source=source)  # fmt: skip
+    else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
+        slots = torch.arange(valid.shape[1], device=valid.device)
+        so_far = valid & (slots <= slot)[None]
+        positions = torch.where(so_far, so_far.long().cumsum(1) - 1, 1)
+        logits = _logits(module, None, chosen["ids"], positions, so_far, slots, static, source=source,
+                         at=slot)  # fmt: skip
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
-    if reorder is not None:  # beam search: every row's cache now follows the beam it extends
+    if (
+        reorder is not None and cache is not None
+    ):  # beams: every row's cache follows the beam it extends
         order = reorder.to(torch.int64)
         for layer in _self_attention(cache).layers:
             for tensor in _rows(layer):
@@ -395,15 +411,7 @@ class TorchXlaEngine:
 
     def start(self, plan: driver.Plan) -> Run:
         model = self.model
-        cache_argument = next(
-            (name for name in ("past_key_values", "cache_params") if accepts(model.module, name)),
-            None,
-        )
-        if cache_argument is None:
-            raise NotImplementedError(
-                f"{type(model.module).__name__} takes no past_key_values (or cache_params), and hfax's generate "
-                "on torch_xla drives transformers' static cache: use backend='jax', or transformers' own generate"
-            )
+        cache_argument = shapes.cache_argument(model.module)
         handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS | INDEXED_KINDS
         other = sorted({kind for kind, _ in _cache_kinds(model.config)} - handled)
         if other:
@@ -438,7 +446,9 @@ class TorchXlaEngine:
         static = _STATICS.setdefault(static, static)
         device = runtime.device()
         arrays = _on_device(plan.arrays, device)
-        cache = _cache(model.config, valid.shape[1], static.encoder_decoder)
+        cache = (
+            _cache(model.config, valid.shape[1], static.encoder_decoder) if cache_argument else None
+        )
         weights = {}
         if linear.wanted(runtime.platform(), model.mesh, ids.shape[0], decoding.capacity):
             weights = linear.copies(model.module)
@@ -458,7 +468,7 @@ class TorchXlaEngine:
             ):  # multimodal positions: later tokens' positions move by them
                 seen = seen + _on_device(plan.offsets.astype(np.int64), device)
             torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
-        for layer in _layers(cache):
+        for layer in _layers(cache) if cache is not None else []:
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
             # step on their identity and trace it again for every call's fresh buffers (and keep them alive).
             written = isinstance(layer, StaticLayer) and layer.is_initialized
