@@ -326,3 +326,28 @@ def test_model_without_a_cache(tmp_path):
     )
     assert_generates_like_transformers(config, tmp_path)
     assert_generates_like_transformers(config, tmp_path / "beams", num_beams=3)
+
+
+def test_decoder_positions_counted_from_its_ids(tmp_path):
+    # M2M-100's decoder numbers its positions from its ids (int32) plus the cache's count of tokens; a 0-d
+    # int64 count in that sum made torch_xla's dynamo bridge build an op XLA rejects.
+    config = transformers.M2M100Config(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        decoder_start_token_id=2,
+    )
+    reference = save_tiny(config, tmp_path, auto_class="AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
+    expected = reference_generate(reference, ids, mask, **options)
+    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    np.testing.assert_array_equal(actual, expected)

@@ -304,14 +304,18 @@ def _cache(config: Any, length: int, encoder_decoder: bool = False) -> Cache:
 
 
 class _Cache(Cache):
-    """transformers' ``Cache``, whose count of cached tokens is a value of its own. A ``StaticLayer``'s count
-    is its ``cumulative_length`` tensor, which its ``update`` then adds to in place: a count read before the
-    update (Inkling's query positions, read so, as its comment says) would move with it, one token ahead
-    of transformers' dynamic cache."""
+    """transformers' ``Cache``, whose count of cached tokens is a value of its own, as the Python int of
+    transformers' dynamic cache is:
+
+    - a copy: a ``StaticLayer``'s count is its ``cumulative_length`` tensor, which its ``update`` then adds
+      to in place, so a count read before the update (Inkling's query positions) would move with it;
+    - ``int32``: added to an ``int32`` tensor (M2M-100's, NLLB's, SeamlessM4T's positions from the ids), a
+      0-d ``int64`` count makes torch_xla 2.9's dynamo bridge build a binary op of ``s64`` and ``s32``, which
+      XLA rejects. A 0-d tensor does not change a dimensioned tensor's integer type either way."""
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
         length = super().get_seq_length(layer_idx)
-        return length.clone() if isinstance(length, torch.Tensor) else length
+        return length.to(torch.int32) if isinstance(length, torch.Tensor) else length
 
 
 def _attends(config: Any) -> bool:
