@@ -14,7 +14,12 @@ from hfax.plugins import backends
 pytestmark = pytest.mark.skipif("jax" not in backends(), reason="needs the JAX backend")
 
 CHILD = r"""
-import sys, time, numpy as np, transformers, hfax
+import signal, sys
+# Said first, so a failure shows whether this process could be interrupted at all: an ignored or
+# blocked SIGINT is inherited from the process that starts it.
+print("SIGINT:", signal.getsignal(signal.SIGINT), "blocked:", signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      file=sys.stderr, flush=True)
+import time, numpy as np, transformers, hfax
 from hfax.testing import save_tiny
 config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=6,
     num_attention_heads=8, num_key_value_heads=2, vocab_size=256, max_position_embeddings=16384)
@@ -46,10 +51,11 @@ except KeyboardInterrupt:
 
 
 def test_ctrl_c_interrupts_a_long_generate(tmp_path):
+    errors = tmp_path / "child.err"
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path / "model")],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=errors.open("w"),
         text=True,
         env={**__import__("os").environ, "HFAX_CACHE": str(tmp_path / "cache")},
     )
@@ -68,8 +74,12 @@ def test_ctrl_c_interrupts_a_long_generate(tmp_path):
         child.send_signal(signal.SIGINT)
         last = child.stdout.readline().strip()
         latency = time.perf_counter() - sent
-        assert last == "interrupted", last
+        assert last == "interrupted", f"{last}; the child's stderr ends:\n{_tail(errors)}"
         assert latency < 2.0, f"Ctrl-C took {latency:.2f} s (the whole call: {uninterrupted:.1f} s)"
     finally:
         child.kill()
         child.wait()
+
+
+def _tail(path, lines=40):
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
