@@ -111,17 +111,21 @@ def test_sliding_windows_shorter_than_the_prompt_decode_like_transformers(tiny, 
     )
 
 
-def test_gpt_neo_local_attention_within_its_window_and_refused_beyond(tiny):
+def test_gpt_neo_local_attention_within_its_window_and_without_a_cache_beyond(tiny):
     # GPT-Neo's local layers mask by their own table, sliced as if the cache held exactly the tokens so far:
-    # right while the static cache fits in the window, wrong tokens beyond it, so refused there.
+    # right while the static cache fits in the window, wrong tokens beyond it (they differed from new
+    # token 12), so beyond it the call decodes without a cache, re-reading the sequence every step.
     _, ref, model = tiny("gpt_neo")
     ids = np.array([[1, 5, 9, 23, 7, 3, 44, 101, 17]])
     out = model.generate(
         ids, max_new_tokens=12
     )  # 16 prompt slots + 16 new: within the window of 40
     assert_same_continuation(reference_generate(ref, ids, max_new_tokens=12), out, pad_token_id=0)
-    with pytest.raises(NotImplementedError, match="window_size 40"):
-        model.generate(ids, max_new_tokens=30)  # 16 + 32 slots
+    with pytest.warns(UserWarning, match="decodes without a cache: its local attention"):
+        longer = model.generate(ids, max_new_tokens=30)  # 16 + 32 slots
+    assert_same_continuation(
+        reference_generate(ref, ids, max_new_tokens=30), longer, pad_token_id=0
+    )
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12)), as_numpy(out))
 
 
@@ -138,9 +142,10 @@ def test_moshi_prompt_within_its_cache_window_and_refused_beyond(tiny):
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=16)), as_numpy(out))
 
 
-def test_recurrent_gemma_generate_is_refused_before_compiling(backend, tmp_path):
-    # Its recurrent blocks keep their state in module attributes: traced, they leaked (an error), and
-    # from the persistent program cache the tokens were wrong (17 repeated against transformers' 123s).
+def test_recurrent_gemma_decodes_without_a_cache(backend, tmp_path):
+    # Its recurrent blocks keep their state in module attributes: traced with a cache, the state leaked (an
+    # error), and from the persistent program cache the tokens were wrong (17 repeated against
+    # transformers' 123s). It decodes without a cache: its forward then resets that state every call.
     import transformers
 
     import hfax
@@ -150,10 +155,41 @@ def test_recurrent_gemma_generate_is_refused_before_compiling(backend, tmp_path)
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, lru_width=64,
         attention_window_size=16, block_types=["recurrent", "recurrent", "attention"],
     )  # fmt: skip
-    save_tiny(config, tmp_path)
+    ref = save_tiny(config, tmp_path, spread=True)
     model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
-    with pytest.raises(NotImplementedError, match="conv1d_state"):
-        model.generate(np.array([[1, 5, 9, 23]]), max_new_tokens=4)
+    ids, mask = left_padded(PROMPTS)
+    options = dict(max_new_tokens=8, min_new_tokens=8)
+    with pytest.warns(UserWarning, match="decodes without a cache: its recurrent layers"):
+        out = model.generate(ids, attention_mask=mask, **options)
+    assert_same_continuation(reference_generate(ref, ids, mask, **options), out, pad_token_id=0)
+
+
+def test_model_with_a_cache_class_of_its_own_decodes_without_a_cache(backend, tmp_path):
+    # MiniMax's forward wants a cache of its own class (transformers makes no static one either; xLSTM's
+    # likewise): given hfax's static cache it refused it. Re-reading the sequence every step gives
+    # transformers' tokens for each prompt alone (a left-padded row is compared with its prompt alone:
+    # transformers' own MiniMax cache lets a padded row's padding into its linear attention while
+    # decoding, where its generate(use_cache=False) does not).
+    import transformers
+
+    import hfax
+
+    config = transformers.MiniMaxConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=4,
+        layer_types=["linear_attention", "full_attention"],
+    )  # fmt: skip
+    ref = save_tiny(config, tmp_path, spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    ids, mask = left_padded(PROMPTS)
+    options = dict(max_new_tokens=8, min_new_tokens=8)
+    with pytest.warns(
+        UserWarning, match="decodes without a cache: it needs a cache class of its own"
+    ):
+        out = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    for row, prompt in enumerate(PROMPTS):
+        alone = reference_generate(ref, np.array([prompt]), **options)[0, len(prompt) :]
+        np.testing.assert_array_equal(out[row, ids.shape[1] :], alone, err_msg=f"row {row}")
 
 
 def test_t5gemma2_joins_its_masks_of_one_type(backend, tmp_path):

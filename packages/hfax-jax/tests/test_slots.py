@@ -86,4 +86,4 @@ def test_new_settings_and_rows_compile_nothing(tiny):
 def test_models_the_engine_cannot_run_are_refused_by_name(tiny):
     _, _, model = tiny("mamba")
     with pytest.raises(NotImplementedError, match="hfax serve"):
-        check_servable(model)
+        check_servable(model, 64)

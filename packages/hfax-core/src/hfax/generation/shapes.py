@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,38 +20,20 @@ STREAM_CHUNK = 8
 
 #: Model types whose local-attention layers mask by a fixed table of their own, sliced as if the cache held
 #: exactly the tokens so far (transformers marks them ``_can_compile_fullgraph = False``), and the config
-#: field of that table's window. In a static cache longer than the window their queries see the wrong keys.
+#: field of that table's window. In a static cache longer than the window their queries would see the wrong
+#: keys, so such calls decode without a cache (:func:`cache_argument`).
 LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 
 
 #: Model types whose layers keep decode state in module attributes, outside any cache a compiled loop can
-#: carry: a trace stores its tracers there and the next program reads them (an error on a fresh trace,
-#: wrong tokens once a cached program skips the trace that set them).
+#: carry: a trace would store its tracers there and the next program read them (an error on a fresh trace,
+#: wrong tokens once a cached program skipped the trace that set them). They decode without a cache.
 MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
 
 
 def check_static_cache(module: Any, length: int, prompt: int = 0) -> None:
     """Refuse a static cache of ``length`` slots, after a prompt ``prompt`` tokens wide (padding
     included), that ``module`` (a transformers model) would read wrong."""
-    config = module.config
-    state = MODULE_STATE.get(getattr(config, "model_type", ""))
-    if state is not None:
-        raise NotImplementedError(
-            f"{type(module).__name__} keeps its recurrent layers' decode state ({state}) in module "
-            "attributes, not in a cache hfax's compiled decode loop can carry, so its tokens would be "
-            "wrong; run its forward with hfax, or transformers' own generate on CPU"
-        )
-    field = LOCAL_ATTENTION_TABLES.get(getattr(config, "model_type", ""))
-    window = getattr(config, field, None) if field else None
-    local = "local" in (getattr(config, "attention_layers", None) or ())
-    if window is not None and local and length > window:
-        raise NotImplementedError(
-            f"{type(module).__name__}'s local attention layers mask by a table that assumes the cache holds "
-            f"exactly the tokens so far (transformers does not compile it with a static cache either); this "
-            f"call needs a static cache of {length} positions (the prompt and the new tokens, each rounded up "
-            f"to a bucket), more than its window_size {window}, where its tokens would be wrong. Keep the "
-            f"prompt and max_new_tokens within {window} positions in all, or use transformers' own generate"
-        )
     window = _window_of_the_cache_only(module)
     if window is not None and prompt > window:
         raise NotImplementedError(
@@ -143,11 +126,16 @@ def accepts(module: Any, argument: str) -> bool:
 OTHER_CACHES = ("state", "mems", "use_mems", "cache", "past_buckets_states", "use_cache")
 
 
-def cache_argument(module: Any) -> str:
+def cache_argument(module: Any, length: int = 0) -> str:
     """The name under which a transformers model's forward takes its cache (Mamba-style models call it
-    ``cache_params``); ``""`` for a model without one, which then reads the whole sequence at every step, as
-    transformers does. A model with a cache of another kind is refused: re-reading the sequence would not
-    give its tokens."""
+    ``cache_params``), or ``""``: the model then reads the prompt and the tokens so far at every step, as
+    transformers' ``generate(use_cache=False)`` does. So decodes a model without a cache, and one whose
+    decode state a static cache of ``length`` slots cannot hold (:func:`no_static_cache`), which a warning
+    says once: each new token then costs a forward over the whole sequence.
+
+    A model with a cache of another kind (RWKV's state, XLNet's mems, XLM's cache, Reformer's buckets) is
+    refused: measured on their tiny models, re-reading the sequence does not give their tokens (nor
+    DeepSeek V4's, whose compressed layers the backends refuse)."""
     name = next((name for name in ("past_key_values", "cache_params") if accepts(module, name)), "")
     other = [argument for argument in OTHER_CACHES if accepts(module, argument)]
     if not name and other:
@@ -155,4 +143,33 @@ def cache_argument(module: Any) -> str:
             f"{type(module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
             "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
         )
+    reason = name and no_static_cache(module, length)
+    if reason:
+        warnings.warn(
+            f"{type(module).__name__} decodes without a cache: {reason}. Each new token re-reads the whole "
+            "sequence, as transformers' generate(use_cache=False) does; long outputs cost more",
+            stacklevel=3,
+        )
+        return ""
     return name
+
+
+def no_static_cache(module: Any, length: int) -> str:
+    """Why no static cache of ``length`` slots can hold ``module``'s decode state; ``""`` when one can."""
+    config = module.config
+    model_type = getattr(config, "model_type", "")
+    if model_type in MODULE_STATE:
+        return f"its recurrent layers keep their state ({MODULE_STATE[model_type]}) in module attributes"
+    supports = getattr(type(module), "_supports_default_dynamic_cache", None)
+    if supports is not None and not supports():
+        return "it needs a cache class of its own, which transformers does not make static"
+    field = LOCAL_ATTENTION_TABLES.get(model_type)
+    window = getattr(config, field, None) if field else None
+    local = "local" in (getattr(config, "attention_layers", None) or ())
+    if window is not None and local and length > window:
+        return (
+            f"its local attention layers mask by a table that assumes the cache holds exactly the tokens so "
+            f"far, right only within its window_size {window}, and this call needs {length} positions (the "
+            f"prompt and the new tokens, each rounded up to a bucket)"
+        )
+    return ""

@@ -43,12 +43,19 @@ from hfax.backends.jax.generation import (
     _wait,
 )
 from hfax.generation import processors, rows, tokens
-from hfax.generation.shapes import MIN_LENGTH_BUCKET, accepts, bucket, cache_argument
+from hfax.generation.shapes import (
+    MIN_LENGTH_BUCKET,
+    accepts,
+    bucket,
+    cache_argument,
+    no_static_cache,
+)
 from hfax.serve.scheduler import Chunk
 
 
-def check_servable(model: Any) -> None:
-    """Refuse a model the slot engine cannot run, naming what it lacks, before anything compiles."""
+def check_servable(model: Any, length: int) -> None:
+    """Refuse a model the slot engine cannot run in rows of ``length`` slots, naming what it lacks, before
+    anything compiles."""
     name = type(model.module).__name__
     if getattr(model.config, "is_encoder_decoder", False):
         raise NotImplementedError(
@@ -59,6 +66,11 @@ def check_servable(model: Any) -> None:
     ):
         raise NotImplementedError(
             f"hfax serve needs a model that takes past_key_values and position_ids; {name} does not"
+        )
+    reason = no_static_cache(model.module, length)
+    if reason:
+        raise NotImplementedError(
+            f"hfax serve needs a static cache, and {name} cannot have one: {reason}"
         )
     kinds = {kind for kind, _ in slot_cache.layer_types(model.config) or ()}
     if kinds - set(slot_cache.ATTENTION_TYPES):
@@ -306,7 +318,7 @@ class SlotEngine:
     """``slots`` rows of a ``length``-column cache for :class:`hfax.serve.scheduler.Scheduler`."""
 
     def __init__(self, model: Any, slots: int, length: int, chunk: int) -> None:
-        check_servable(model)
+        check_servable(model, length)
         if model.mesh is not None and slots % mesh.batch_multiple(model.mesh):
             raise ValueError(
                 f"--max-batch {slots} must be a multiple of the mesh's batch axes "

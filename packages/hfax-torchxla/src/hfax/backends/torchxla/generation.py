@@ -155,6 +155,10 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
     kwargs: dict[str, Any] = {}
     if static.cache_argument:
         kwargs.update({static.cache_argument: cache, "use_cache": True})
+    elif accepts(module, "use_cache"):
+        kwargs["use_cache"] = (
+            False  # without a cache, a model keeping state in itself must not either
+        )
     if source is None:
         kwargs.update(input_ids=ids.to(torch.int64), attention_mask=mask)
     else:  # the decoder's ids against the encoder's output; its cross-attention reads the cache after prefill
@@ -415,7 +419,6 @@ class TorchXlaEngine:
 
     def start(self, plan: driver.Plan) -> Run:
         model = self.model
-        cache_argument = shapes.cache_argument(model.module)
         handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS | INDEXED_KINDS
         other = sorted({kind for kind, _ in _cache_kinds(model.config)} - handled)
         if other:
@@ -431,6 +434,8 @@ class TorchXlaEngine:
         new_bucket = chosen not in model.buckets
         model.buckets.add(chosen)
         decoding = chosen.decoding
+        length = decoding.prompt + decoding.capacity
+        cache_argument = shapes.cache_argument(model.module, length)
         grow = (
             decoding.prompt - ids.shape[1]
         )  # a larger bucket: more left padding, masked like the rest
