@@ -235,6 +235,11 @@ LOOPING_OVER_EXPERTS = {
         q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
         max_position_embeddings=64,
     ),
+    # language adapters: each row's chosen by its language id, gathered by a boolean mask
+    "xmod": lambda: transformers.XmodConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        is_decoder=True, languages=["en_XX", "de_DE", "fr_XX"], default_language="de_DE",
+    ),
 }  # fmt: skip
 
 
@@ -243,3 +248,20 @@ def test_experts_looping_over_the_batch(tmp_path, name):
     # transformers loops in Python over the experts a batch hits (a data-dependent count, which no traced
     # program has); hfax-core runs every expert on every token instead: the same tokens.
     assert_generates_like_transformers(LOOPING_OVER_EXPERTS[name](), tmp_path)
+
+
+def test_language_adapters_chosen_per_row(tmp_path):
+    # X-MOD runs each row through its own language's adapter; rows of two languages in one batch give
+    # transformers' logits, in the jitted forward too (the boolean gather had no static shape).
+    import jax
+    import torch
+
+    reference = save_tiny(LOOPING_OVER_EXPERTS["xmod"](), tmp_path, spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
+    ids, languages = np.array([[5, 9, 13, 2, 44], [3, 8, 21, 7, 30]]), np.array([2, 0])
+    with torch.no_grad():
+        expected = reference(
+            input_ids=torch.as_tensor(ids), lang_ids=torch.as_tensor(languages)
+        ).logits.numpy()
+    forward = jax.jit(lambda i, lang: model(input_ids=i, lang_ids=lang).logits)
+    np.testing.assert_allclose(np.asarray(forward(ids, languages)), expected, atol=1e-4, rtol=0)

@@ -9,7 +9,8 @@ in ways that do:
   kernel, which has none, and its group sizes would change the lazy graph with every routing. For it,
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
 * a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
-  of each): DBRX, LongCat-Flash. :func:`patch_loops` replaces those layers' forward on the instance.
+  of each): DBRX, LongCat-Flash; and X-MOD's language adapters, a mixture routed by each row's language id,
+  gather each language's rows by a boolean mask. :func:`patch_loops` replaces those methods on the instance.
 
 Every expert on every token costs ``experts / top_k`` times the products of the chosen experts; a decode
 step of a batch reads every expert's weights anyway once its tokens hit them all. The sums differ from
@@ -100,19 +101,44 @@ def longcat_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weigh
     return weighted(out, top_k_index, top_k_weights, identity).to(hidden_states.dtype)
 
 
-#: transformers' expert classes whose forward loops over the experts a batch hits, by class name.
-LOOPS = {"DbrxExperts": dbrx_experts, "LongcatFlashExperts": longcat_experts}
+def xmod_adapters(self: Any, lang_ids: Any, hidden_states: Any) -> Any:
+    """``XmodOutput.lang_adapter``: each row's language adapter (``lang_ids``: one id per row, or per
+    token). Every adapter runs on every row and each keeps its own language's output: the adapters are
+    small bottleneck MLPs, so this costs ``languages`` times one of them."""
+    import torch
+
+    residual = hidden_states
+    if self.adapter_layer_norm is not None:
+        hidden_states = self.adapter_layer_norm(hidden_states)
+    elif self.adapter_reuse_layer_norm:
+        hidden_states = self.LayerNorm(hidden_states)
+    if self.ln_before_adapter:
+        residual = hidden_states
+    chosen = lang_ids.reshape(*lang_ids.shape, *[1] * (hidden_states.dim() - lang_ids.dim()))
+    adapted = torch.zeros_like(hidden_states)
+    for index, adapter in enumerate(self.adapter_modules.values()):
+        adapted = torch.where(chosen == index, adapter(hidden_states), adapted)
+    return self.dropout(adapted) + residual
+
+
+#: transformers' classes with a method that loops over the experts a batch hits: class name -> (method,
+#: its replacement).
+LOOPS = {
+    "DbrxExperts": ("forward", dbrx_experts),
+    "LongcatFlashExperts": ("forward", longcat_experts),
+    "XmodOutput": ("lang_adapter", xmod_adapters),
+}
 
 
 def patch_loops(model: Any, patcher: Any) -> None:
-    """Replace the forward of every expert layer of ``model`` listed in :data:`LOOPS` (recorded by
-    ``patcher``, undone by ``hfax.unpatch``); anything but a torch module is left alone."""
+    """Replace the method of every layer of ``model`` listed in :data:`LOOPS` (recorded by ``patcher``,
+    undone by ``hfax.unpatch``); anything but a torch module is left alone."""
     if not callable(getattr(model, "modules", None)):
         return
     for module in model.modules():
-        forward = LOOPS.get(type(module).__name__)
-        if forward is not None:
-            patcher.bind(module, "forward", forward)
+        method, replacement = LOOPS.get(type(module).__name__, (None, None))
+        if method is not None:
+            patcher.bind(module, method, replacement)
 
 
 def use_every_expert(model: Any, patcher: Any) -> None:
