@@ -15,7 +15,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     (:mod:`hfax.experts`)."""
     from hfax import experts
 
-    experts.patch_loops(model, patcher)
+    patcher.bind_by_class(model, experts.LOOPS)
 
 
 @hookimpl(trylast=True)

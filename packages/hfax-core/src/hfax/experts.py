@@ -10,7 +10,8 @@ in ways that do:
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
 * a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
   of each): DBRX, LongCat-Flash; and X-MOD's language adapters, a mixture routed by each row's language id,
-  gather each language's rows by a boolean mask. :func:`patch_loops` replaces those methods on the instance.
+  gather each language's rows by a boolean mask. hfax-core's ``hfax_patch_model`` hook
+  replaces those methods on the instance (:data:`LOOPS`).
 
 Every expert on every token costs ``experts / top_k`` times the products of the chosen experts; a decode
 step of a batch reads every expert's weights anyway once its tokens hit them all. The sums differ from
@@ -128,17 +129,6 @@ LOOPS = {
     "LongcatFlashExperts": ("forward", longcat_experts),
     "XmodOutput": ("lang_adapter", xmod_adapters),
 }
-
-
-def patch_loops(model: Any, patcher: Any) -> None:
-    """Replace the method of every layer of ``model`` listed in :data:`LOOPS` (recorded by ``patcher``,
-    undone by ``hfax.unpatch``); anything but a torch module is left alone."""
-    if not callable(getattr(model, "modules", None)):
-        return
-    for module in model.modules():
-        method, replacement = LOOPS.get(type(module).__name__, (None, None))
-        if method is not None:
-            patcher.bind(module, method, replacement)
 
 
 def use_every_expert(model: Any, patcher: Any) -> None:

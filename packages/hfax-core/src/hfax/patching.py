@@ -73,6 +73,17 @@ class Patcher:
         """Replace method ``name`` of one instance with ``function(self, ...)``."""
         self.setattr(target, name, types.MethodType(function, target))
 
+    def bind_by_class(self, model: Any, table: dict[str, tuple[str, Callable[..., Any]]]) -> None:
+        """For every submodule of ``model`` whose class name ``table`` lists, replace the method it names
+        with its replacement (``{class name: (method, replacement)}``); anything but a torch module is left
+        alone."""
+        if not callable(getattr(model, "modules", None)):
+            return
+        for module in model.modules():
+            method, replacement = table.get(type(module).__name__, (None, None))
+            if method is not None:
+                self.bind(module, method, replacement)
+
     def undo(self, keep: int) -> None:
         """Undo the changes after the first ``keep``, newest first (a plugin that failed halfway)."""
         while len(self._changes) > keep:
