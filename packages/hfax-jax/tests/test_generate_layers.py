@@ -235,6 +235,11 @@ LOOPING_OVER_EXPERTS = {
         q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
         max_position_embeddings=64,
     ),
+    # experts and a mixture of attention heads, the tokens sorted by expert split by a list of counts
+    "jetmoe": lambda: transformers.JetMoeConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    ),
     # language adapters: each row's chosen by its language id, gathered by a boolean mask
     "xmod": lambda: transformers.XmodConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,

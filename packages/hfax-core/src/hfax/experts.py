@@ -9,8 +9,9 @@ in ways that do:
   kernel, which has none, and its group sizes would change the lazy graph with every routing. For it,
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
 * a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
-  of each): DBRX, LongCat-Flash; and X-MOD's language adapters, a mixture routed by each row's language id,
-  gather each language's rows by a boolean mask. hfax-core's ``hfax_patch_model`` hook
+  of each): DBRX, LongCat-Flash; JetMoE (its experts and its mixture of attention heads) splits the tokens
+  sorted by expert by a Python list of counts; X-MOD's language adapters, a mixture routed by each row's
+  language id, gather each language's rows by a boolean mask. hfax-core's ``hfax_patch_model`` hook
   replaces those methods on the instance (:data:`LOOPS`).
 
 Every expert on every token costs ``experts / top_k`` times the products of the chosen experts; a decode
@@ -122,12 +123,44 @@ def xmod_adapters(self: Any, lang_ids: Any, hidden_states: Any) -> Any:
     return self.dropout(adapted) + residual
 
 
+def jetmoe_gating(self: Any, hidden_states: Any) -> Any:
+    """``JetMoeTopKGating.forward``, its tokens per expert kept as a tensor: transformers turns them into
+    a Python list (``tolist()``) to split the sorted tokens by expert, a count no traced program has."""
+    import torch
+
+    logits = self.layer(hidden_states).float()
+    top_logits, top_indices = logits.topk(self.top_k, dim=1)
+    top_gates = torch.softmax(top_logits, dim=1).type_as(hidden_states)
+    chosen = torch.zeros(
+        top_gates.shape[0], self.num_experts, dtype=torch.long, device=logits.device
+    )
+    expert_size = chosen.scatter(1, top_indices, 1).sum(0)
+    _, index_sorted_experts = top_indices.flatten().sort(0)
+    batch_index = index_sorted_experts.div(self.top_k, rounding_mode="trunc")
+    batch_gates = top_gates.flatten()[index_sorted_experts]
+    return index_sorted_experts, batch_index, batch_gates, expert_size, logits
+
+
+def jetmoe_parallel_experts(self: Any, inputs: Any, expert_size: Any) -> Any:
+    """``JetMoeParallelExperts.forward``: ``inputs`` sorted by expert, ``expert_size`` (a tensor, from
+    :func:`jetmoe_gating`) tokens each. Every expert multiplies every row, and each row keeps its own
+    expert's product."""
+    import torch
+
+    rows = torch.arange(inputs.shape[0], device=inputs.device)
+    expert = (rows[:, None] >= torch.cumsum(expert_size, 0)[None, :]).sum(1)
+    out = torch.einsum("ri,eoi->reo", inputs, self.weight)
+    return out.gather(1, expert[:, None, None].expand(-1, 1, out.shape[2])).squeeze(1)
+
+
 #: transformers' classes with a method that loops over the experts a batch hits: class name -> (method,
 #: its replacement).
 LOOPS = {
     "DbrxExperts": ("forward", dbrx_experts),
     "LongcatFlashExperts": ("forward", longcat_experts),
     "XmodOutput": ("lang_adapter", xmod_adapters),
+    "JetMoeTopKGating": ("forward", jetmoe_gating),
+    "JetMoeParallelExperts": ("forward", jetmoe_parallel_experts),
 }
 
 
