@@ -10,8 +10,8 @@ from hfax.registry import ShardingPlan
 
 @hookimpl
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
-    """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, X-MOD's
-    language adapters) run every expert with static shapes instead, on every backend
+    """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, JetMoE,
+    X-MOD's language adapters) run every expert with static shapes instead, on every backend
     (:mod:`hfax.experts`)."""
     from hfax import experts
 

@@ -192,9 +192,8 @@ class Forward:
         static = self.static
         if cache is not None:
             kwargs.update({static.cache_argument: cache, "use_cache": True})
-        elif accepts(
-            self.model.module, "use_cache"
-        ):  # without a cache, a model keeping state must not
+        elif accepts(self.model.module, "use_cache"):
+            # Decoding without a cache: a model that keeps state in itself (RecurrentGemma) must not either.
             kwargs["use_cache"] = False
         if static.pass_positions:
             kwargs["position_ids"] = positions
@@ -500,11 +499,10 @@ def _constants(plan: driver.Plan) -> tuple[held.Constant, ...]:
 def _static(model: Any, plan: driver.Plan) -> Static:
     encoder_decoder = plan.source is not None
     blocks = "token_type_ids" in plan.inputs and masks.block_ids(model.module) is not None
-    layer_types = None if encoder_decoder else slot_cache.layer_types(model.config)
     length = plan.decoding.prompt + plan.decoding.capacity
     return Static(
         decoding=plan.decoding,
-        layer_types=layer_types,
+        layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
         mask_plan=masks.plan(model.config, model.module),
         cache_argument=cache_argument(model.module, length),
         pass_positions=plan.positions,

@@ -156,9 +156,8 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
     if static.cache_argument:
         kwargs.update({static.cache_argument: cache, "use_cache": True})
     elif accepts(module, "use_cache"):
-        kwargs["use_cache"] = (
-            False  # without a cache, a model keeping state in itself must not either
-        )
+        # Decoding without a cache: a model that keeps state in itself (RecurrentGemma) must not either.
+        kwargs["use_cache"] = False
     if source is None:
         kwargs.update(input_ids=ids.to(torch.int64), attention_mask=mask)
     else:  # the decoder's ids against the encoder's output; its cross-attention reads the cache after prefill
