@@ -87,3 +87,9 @@ def test_models_the_engine_cannot_run_are_refused_by_name(tiny):
     _, _, model = tiny("mamba")
     with pytest.raises(NotImplementedError, match="hfax serve"):
         check_servable(model, 64)
+    # GPT-Neo's local layers are right only while the cache fits in their window (40 here): rows longer than
+    # that are refused, since hfax serve cannot decode without a cache as generate then does.
+    _, _, model = tiny("gpt_neo")
+    check_servable(model, 32)
+    with pytest.raises(NotImplementedError, match="needs a static cache.*window_size 40"):
+        check_servable(model, 64)

@@ -61,16 +61,16 @@ def check_servable(model: Any, length: int) -> None:
         raise NotImplementedError(
             f"hfax serve runs decoder-only models; {name} is an encoder-decoder"
         )
+    reason = no_static_cache(model.module, length)
+    if reason:
+        raise NotImplementedError(
+            f"hfax serve needs a static cache, and {name} cannot have one: {reason}"
+        )
     if cache_argument(model.module) != "past_key_values" or not accepts(
         model.module, "position_ids"
     ):
         raise NotImplementedError(
             f"hfax serve needs a model that takes past_key_values and position_ids; {name} does not"
-        )
-    reason = no_static_cache(model.module, length)
-    if reason:
-        raise NotImplementedError(
-            f"hfax serve needs a static cache, and {name} cannot have one: {reason}"
         )
     kinds = {kind for kind, _ in slot_cache.layer_types(model.config) or ()}
     if kinds - set(slot_cache.ATTENTION_TYPES):
