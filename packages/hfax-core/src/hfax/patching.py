@@ -80,9 +80,9 @@ class Patcher:
         if not callable(getattr(model, "modules", None)):
             return
         for module in model.modules():
-            method, replacement = table.get(type(module).__name__, (None, None))
-            if method is not None:
-                self.bind(module, method, replacement)
+            entry = table.get(type(module).__name__)
+            if entry is not None:
+                self.bind(module, *entry)
 
     def undo(self, keep: int) -> None:
         """Undo the changes after the first ``keep``, newest first (a plugin that failed halfway)."""
