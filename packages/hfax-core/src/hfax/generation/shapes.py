@@ -31,9 +31,9 @@ LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
 
 
-def check_static_cache(module: Any, length: int, prompt: int = 0) -> None:
-    """Refuse a static cache of ``length`` slots, after a prompt ``prompt`` tokens wide (padding
-    included), that ``module`` (a transformers model) would read wrong."""
+def check_static_cache(module: Any, prompt: int) -> None:
+    """Refuse a prompt ``prompt`` tokens wide (padding included) that ``module``'s (a transformers
+    model's) static cache would read otherwise than transformers' own cache does (Moshi)."""
     window = _window_of_the_cache_only(module)
     if window is not None and prompt > window:
         raise NotImplementedError(

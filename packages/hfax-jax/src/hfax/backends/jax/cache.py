@@ -386,8 +386,6 @@ ATTENTION_TYPES = {"full_attention": False, "sliding_attention": True, "chunked_
 INDEXED_TYPES = {"indexed_attention"}
 LINEAR_TYPES = {"conv", "linear_attention"}
 HYBRID_TYPES = {"hybrid": False, "hybrid_sliding": True}
-#: Every cache layer type the slot cache has a layer for ("dummy": one that keeps nothing).
-HELD_TYPES = frozenset({*ATTENTION_TYPES, *INDEXED_TYPES, *LINEAR_TYPES, *HYBRID_TYPES, "dummy"})
 
 
 def layer_types(config: Any) -> tuple[tuple[str, int], ...] | None:
@@ -461,7 +459,7 @@ class SlotCache(Cache):
             return DummyLayer()
         raise NotImplementedError(
             f"hfax's slot cache has no layer for transformers' cache layer type {kind!r}; supported: "
-            f"{sorted(HELD_TYPES)}"
+            f"{sorted([*ATTENTION_TYPES, *INDEXED_TYPES, *LINEAR_TYPES, *HYBRID_TYPES, 'dummy'])}"
         )
 
     def states(self, after: Any = None) -> list[dict[str, Any]]:

@@ -173,7 +173,7 @@ class JaxModel(BackendModel):
         from hfax.backends.jax.slots import SlotEngine
 
         self.check_can_generate()
-        check_static_cache(self.module, length, prompt=length)  # a prompt may fill the row
+        check_static_cache(self.module, prompt=length)  # a prompt may fill the row
         return SlotEngine(self, slots, length, chunk)
 
 
