@@ -16,6 +16,7 @@ from hfax.testing import (
     reference_forward,
     reference_generate,
     save_tiny,
+    tiny_config,
     tiny_models,
 )
 
@@ -129,17 +130,24 @@ def test_gpt_neo_local_attention_within_its_window_and_without_a_cache_beyond(ti
     np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=12)), as_numpy(out))
 
 
-def test_moshi_prompt_within_its_cache_window_and_refused_beyond(tiny):
+def test_moshi_reads_its_prompt_whole_and_later_tokens_through_its_cache_window(backend, tmp_path):
     # Moshi masks causally with no window, while transformers' cache keeps only sliding_window tokens: its
-    # generate reads the prompt whole and the later tokens through the window, as hfax does (the same
-    # tokens, past the window too) while the prompt fits in the window; a longer prompt is refused.
-    _, ref, model = tiny("moshi")
-    ids = np.array([[1, 5, 9, 23, 7, 3, 44, 101, 17]])
-    out = model.generate(ids, max_new_tokens=16)  # 9 + 16 positions, past the window of 16
-    assert_same_continuation(reference_generate(ref, ids, max_new_tokens=16), out, pad_token_id=0)
-    with pytest.raises(NotImplementedError, match="sliding_window=16"):
-        model.generate(np.tile(ids, 2), max_new_tokens=4)  # a prompt of 18 tokens
-    np.testing.assert_array_equal(as_numpy(model.generate(ids, max_new_tokens=16)), as_numpy(out))
+    # generate reads the prompt whole and every later token through the window. hfax's mask bounds only the
+    # keys cached before a forward by the window (it refused prompts wider than the window before; a window
+    # on the prompt too gives other tokens).
+    import hfax
+
+    ref = save_tiny(tiny_config("moshi"), tmp_path, spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    short = [1, 5, 9, 23, 7, 3, 44, 101, 17]
+    ids, mask = left_padded(
+        [(short * 3)[:25], short * 2]
+    )  # 25 and 18 tokens: wider than the window of 16
+    want = reference_generate(ref, ids, mask, max_new_tokens=12)
+    assert_same_continuation(want, model.generate(ids, attention_mask=mask, max_new_tokens=12), 0)
+    ids = np.array([short])
+    want = reference_generate(ref, ids, max_new_tokens=16)  # 9 + 16 positions, past the window
+    assert_same_continuation(want, model.generate(ids, max_new_tokens=16), pad_token_id=0)
 
 
 def test_recurrent_gemma_decodes_without_a_cache(backend, tmp_path):

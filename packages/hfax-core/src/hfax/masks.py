@@ -32,10 +32,16 @@ RECURRENT_LAYER_TYPES = ("conv", "linear_attention", "hybrid", "hybrid_sliding")
 class Span:
     """Which earlier slots a query of one layer type may see, besides padding: ``window`` (sliding attention)
     keeps the last ``window`` positions, ``chunk`` (chunked attention, Llama 4) only those of the query's own
-    chunk of ``chunk`` positions (counted from the row's first real token); neither = full causal attention."""
+    chunk of ``chunk`` positions (counted from the row's first real token); neither = full causal attention.
+
+    ``cached_only`` bounds by ``window`` only the keys cached before the forward, as transformers' sliding
+    cache does under a model whose own masks have no window (Moshi, :func:`cache_only_window`): a prefill
+    sees its whole prompt, each later token the last ``window`` positions (``window - 1`` kept and itself).
+    """
 
     window: int | None = None
     chunk: int | None = None
+    cached_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +94,8 @@ def plan(config: Any, module: Any = None) -> MaskPlan:
     what accept a ready 4-D mask.
     """
     spans = tuple(sorted(layer_spans(config).items()))
+    if module is not None and cache_only_window(module) is not None:
+        spans = tuple((kind, dataclasses.replace(span, cached_only=True)) for kind, span in spans)
     two_d = (
         has_recurrent_layers(config)
         or _uses_alibi(config, module)
@@ -96,6 +104,28 @@ def plan(config: Any, module: Any = None) -> MaskPlan:
     # transformers' sdpa_mask makes booleans; eager_mask (eager, hfax_jax) additive masks.
     boolean = getattr(config.get_text_config(decoder=True), "_attn_implementation", None) == "sdpa"
     return MaskPlan(spans, two_d=two_d, boolean=boolean)
+
+
+def cache_only_window(module: Any) -> int | None:
+    """The sliding window transformers' dynamic cache applies to ``module`` while its attention masks
+    ignore it (Moshi): a config with ``sliding_window`` and no ``layer_types`` gets sliding cache layers,
+    yet the model's code builds its mask with ``create_causal_mask`` only. ``None`` for every other model."""
+    import sys
+
+    config = module.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or getattr(config, "layer_types", None):
+        return None
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("transformers.models."):
+            namespace = vars(sys.modules[cls.__module__])
+            windowed = ("create_sliding_window_causal_mask", "create_masks_for_generate")
+            if "create_causal_mask" in namespace and not any(
+                name in namespace for name in windowed
+            ):
+                return window
+            return None
+    return None
 
 
 def has_recurrent_layers(config: Any) -> bool:
@@ -202,7 +232,9 @@ def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dty
         span = span if isinstance(span, Span) else Span(window=span)
         allowed = causal
         if span.window is not None:
-            allowed = allowed & (keys > queries - span.window)
+            # cached_only: the window counts back from the forward's first query (the cache it found)
+            first = query_slots[:1, None] if span.cached_only else queries
+            allowed = allowed & (keys > first - span.window)
         allowed = (allowed if blocks is not None else allowed[None, None]) & valid[:, None, None, :]
         if span.chunk is not None:  # by position, which left padding shifts against the slot
             positions = torch.div(

@@ -29,7 +29,6 @@ from hfax.generation.shapes import (
     STREAM_CHUNK,
     accepts,
     bucket,
-    check_static_cache,
     pad_prompts,
 )
 
@@ -133,7 +132,6 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
     )
-    check_static_cache(model.module, request.ids.shape[1])
     return Plan(
         ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
     )

@@ -6,7 +6,6 @@ Backend-neutral: numpy and the model's config only. No torch or jax is imported 
 from __future__ import annotations
 
 import inspect
-import sys
 import warnings
 from typing import Any
 
@@ -29,40 +28,6 @@ LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 #: carry: a trace would store its tracers there and the next program read them (an error on a fresh trace,
 #: wrong tokens once a cached program skipped the trace that set them). They decode without a cache.
 MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
-
-
-def check_static_cache(module: Any, prompt: int) -> None:
-    """Refuse a prompt ``prompt`` tokens wide (padding included) that ``module``'s (a transformers
-    model's) static cache would read otherwise than transformers' own cache does (Moshi)."""
-    window = _window_of_the_cache_only(module)
-    if window is not None and prompt > window:
-        raise NotImplementedError(
-            f"{type(module).__name__} masks attention causally with no window, but transformers' cache for "
-            f"it keeps only the last sliding_window={window} tokens: transformers' generate reads a prompt "
-            f"whole and every later token through the window, which hfax's one mask for both cannot follow "
-            f"for a prompt {prompt} tokens wide (padding included). Keep prompts within {window} tokens, or "
-            f"use transformers' own generate"
-        )
-
-
-def _window_of_the_cache_only(module: Any) -> int | None:
-    """The sliding window transformers' dynamic cache applies to ``module`` while its attention masks
-    ignore it (Moshi): a config with ``sliding_window`` and no ``layer_types`` gets sliding cache layers,
-    yet the model's code builds its mask with ``create_causal_mask`` only. ``None`` for every other model."""
-    config = module.config.get_text_config(decoder=True)
-    window = getattr(config, "sliding_window", None)
-    if not isinstance(window, int) or getattr(config, "layer_types", None):
-        return None
-    for cls in type(module).__mro__:
-        if cls.__module__.startswith("transformers.models."):
-            namespace = vars(sys.modules[cls.__module__])
-            windowed = ("create_sliding_window_causal_mask", "create_masks_for_generate")
-            if "create_causal_mask" in namespace and not any(
-                name in namespace for name in windowed
-            ):
-                return window
-            return None
-    return None
 
 
 def bucket(n: int, minimum: int) -> int:

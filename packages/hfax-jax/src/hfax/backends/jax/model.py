@@ -17,7 +17,6 @@ from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.backends.jax.weights import host_tensor
 from hfax.generation import inputs as model_inputs
-from hfax.generation.shapes import check_static_cache
 from hfax.model import BackendModel
 
 
@@ -173,7 +172,6 @@ class JaxModel(BackendModel):
         from hfax.backends.jax.slots import SlotEngine
 
         self.check_can_generate()
-        check_static_cache(self.module, prompt=length)  # a prompt may fill the row
         return SlotEngine(self, slots, length, chunk)
 
 
