@@ -12,10 +12,11 @@ from hfax.registry import ShardingPlan
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, JetMoE,
     X-MOD's language adapters) run every expert with static shapes instead, on every backend
-    (:mod:`hfax.experts`)."""
-    from hfax import experts
+    (:mod:`hfax.experts`). ProphetNet's decoder decodes over a static cache (:mod:`hfax.prophetnet`)."""
+    from hfax import experts, prophetnet
 
     patcher.bind_by_class(model, experts.LOOPS)
+    patcher.bind_by_class(model, prophetnet.DECODE)
 
 
 @hookimpl(trylast=True)
