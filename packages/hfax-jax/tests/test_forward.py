@@ -124,3 +124,24 @@ def test_the_forward_refuses_a_mask_of_another_shape(tiny):
     _, _, model = tiny("gpt2")
     with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\) but input_ids has"):
         model(input_ids=np.array([[1, 2, 3]]), attention_mask=np.ones((1, 2), np.int64))
+
+
+@pytest.mark.parametrize("config_class", ["XLMConfig", "FlaubertConfig"])
+def test_a_model_checking_its_lengths_in_python_compiles(tmp_path, config_class):
+    # XLM and Flaubert check their lengths against the width with `lengths.max().item()`, which a traced
+    # count cannot answer (ConcretizationTypeError): given a padding mask, they get every row's width.
+    import transformers
+
+    import hfax
+    from hfax.testing import left_padded, reference_forward, save_tiny
+
+    config = getattr(transformers, config_class)(
+        vocab_size=64, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64
+    )
+    reference = save_tiny(config, tmp_path, "AutoModelForMaskedLM", spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
+    ids, mask = left_padded([[5, 17, 33, 9, 41, 8], [12, 50, 7]], pad_token_id=2)
+    want = reference_forward(reference, input_ids=ids, attention_mask=mask).logits.numpy()
+    got = np.asarray(model(input_ids=ids, attention_mask=mask).logits)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-4)

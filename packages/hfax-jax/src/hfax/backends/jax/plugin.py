@@ -24,11 +24,15 @@ def hfax_backends() -> list[BackendSpec]:
 @hookimpl
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Attention through hfax's JAX kernel for the families that declare transformers' attention
-    contract (``FamilySpec.features``); every other model keeps its own."""
+    contract (``FamilySpec.features``); every other model keeps its own. Models that read a size from an
+    input in Python get it while tracing (:data:`hfax.backends.jax.constants.SIZE_READS`)."""
     if backend != NAME:
         return
     from hfax import plugins
+    from hfax.backends.jax import constants
     from hfax.registry import ATTENTION_INTERFACE
+
+    patcher.bind_by_class(model, constants.SIZE_READS)
 
     spec = plugins.families().get(family)
     if spec is not None and ATTENTION_INTERFACE in spec.features:
