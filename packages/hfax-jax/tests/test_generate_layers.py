@@ -166,6 +166,22 @@ def test_model_positioned_by_the_cache_length_and_masking_no_key(tmp_path):
     assert_generates_like_transformers(config, tmp_path)
 
 
+def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):
+    # Qwen4-Exp's indexer lists each query's visible keys with nonzero (no static shape) and its cache keeps
+    # the keys' positions, read from their end: hfax.sparse_attention chooses the same keys for all queries
+    # at once, and the model decodes without a cache (each step re-reads the sequence).
+    config = transformers.Qwen4ExpTextConfig(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+        max_position_embeddings=64, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, ple_embed_dim=64,
+        layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=4, indexer_kv_heads=1,
+        indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="decodes without a cache: its indexer"):
+        assert_generates_like_transformers(config, tmp_path)
+
+
 def test_forced_eos_and_suppressed_first_tokens(tmp_path):
     # BART-family generation configs force EOS as the last token; Whisper's suppress tokens as the first.
     config = transformers.LlamaConfig(

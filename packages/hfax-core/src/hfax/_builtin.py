@@ -12,10 +12,13 @@ from hfax.registry import ShardingPlan
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, JetMoE,
     X-MOD's language adapters) run every expert with static shapes instead, on every backend
-    (:mod:`hfax.experts`). ProphetNet's decoder decodes over a static cache (:mod:`hfax.prophetnet`)."""
-    from hfax import experts, prophetnet
+    (:mod:`hfax.experts`), sparse-attention indexers that loop over the queries choose their keys with
+    static shapes too (:mod:`hfax.sparse_attention`), and ProphetNet's decoder decodes over a static cache
+    (:mod:`hfax.prophetnet`)."""
+    from hfax import experts, prophetnet, sparse_attention
 
     patcher.bind_by_class(model, experts.LOOPS)
+    patcher.bind_by_class(model, sparse_attention.LOOPS)
     patcher.bind_by_class(model, prophetnet.DECODE)
 
 
