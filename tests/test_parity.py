@@ -200,6 +200,36 @@ def test_model_with_a_cache_class_of_its_own_decodes_without_a_cache(backend, tm
         np.testing.assert_array_equal(out[row, ids.shape[1] :], alone, err_msg=f"row {row}")
 
 
+def test_xlm_reads_the_tokens_so_far_and_a_mask_token_at_every_step(backend, tmp_path):
+    # XLM's generate appends its mask token after the tokens so far at every step and re-reads them all
+    # (bidirectional attention, no cache): the mask token's logits choose the next, with its language id
+    # on every token. hfax refused it (its forward takes a cache of its own). A left-padded row is compared
+    # with its prompt alone: transformers' generate drops the mask for XLM and counts padding from the right.
+    import transformers
+
+    import hfax
+
+    config = transformers.XLMConfig(
+        vocab_size=128, emb_dim=32, n_layers=2, n_heads=4, n_langs=3, lang_id=1,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    ref = save_tiny(config, tmp_path, spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    ids, mask = left_padded(PROMPTS)
+    options = dict(max_new_tokens=10, min_new_tokens=10)
+    if (
+        backend == "torch_xla"
+    ):  # its forward reads its lengths with .item(), in the one-graph decode step
+        with pytest.raises(NotImplementedError, match=r"checks its lengths with \.item\(\)"):
+            model.generate(ids, attention_mask=mask, **options)
+        return
+    out = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    for row, prompt in enumerate(PROMPTS):
+        alone = reference_generate(ref, np.array([prompt]), **options)[0, len(prompt) :]
+        np.testing.assert_array_equal(out[row, ids.shape[1] :], alone, err_msg=f"row {row}")
+    assert len(set(out[:, ids.shape[1] :].ravel().tolist())) > 3  # the context decides the tokens
+
+
 def test_t5gemma2_joins_its_masks_of_one_type(backend, tmp_path):
     # T5Gemma 2's decoder concatenates its self-attention mask (hfax's, ready) with the cross-attention
     # mask it builds itself (booleans under sdpa): an additive float mask beside booleans read them as

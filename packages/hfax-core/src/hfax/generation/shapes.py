@@ -5,6 +5,7 @@ Backend-neutral: numpy and the model's config only. No torch or jax is imported 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from typing import Any
@@ -34,6 +35,36 @@ MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
 #: positions from the end of those (Qwen4-Exp's indexer, ``indexer_position_ids``): a slot cache writes each
 #: token at its slot, not at the end. They decode without a cache.
 POSITIONS_IN_THE_CACHE = frozenset({"qwen4_exp_text", "qwen4_exp"})
+
+
+#: Model types whose ``prepare_inputs_for_generation`` appends a token (the config field named here) after
+#: the tokens so far at every step and passes no cache: the model re-reads them all, and the appended
+#: token's logits choose the next one (XLM; Flaubert has the same code but no causal class).
+APPENDED_TOKEN = {"xlm": "mask_token_id", "flaubert": "mask_token_id"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Appended:
+    """What every forward of an :data:`APPENDED_TOKEN` model's generate reads after the tokens so far:
+    ``token``, and ``langs`` all ``lang`` (XLM's language embedding; ``None`` passes none)."""
+
+    token: int
+    lang: int | None
+
+
+def appended_token(module: Any) -> Appended | None:
+    """The token ``module``'s generate appends to every forward's input (:data:`APPENDED_TOKEN`), or
+    ``None``. A causal XLM is refused: its attention then masks no padding, and hfax pads prompts."""
+    config = module.config
+    field = APPENDED_TOKEN.get(getattr(config, "model_type", ""))
+    if field is None:
+        return None
+    if getattr(config, "causal", False):
+        raise NotImplementedError(
+            f"{type(module).__name__} with causal=True masks causally but not the padding hfax adds to "
+            "prompts (its attention ignores attention_mask then); run it with transformers' own generate"
+        )
+    return Appended(int(getattr(config, field)), getattr(config, "lang_id", None))
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -104,9 +135,12 @@ def cache_argument(module: Any, length: int = 0) -> str:
     decode state a static cache of ``length`` slots cannot hold (:func:`no_static_cache`), which a warning
     says once: each new token then costs a forward over the whole sequence.
 
-    A model with a cache of another kind (RWKV's state, XLNet's mems, XLM's cache, Reformer's buckets) is
-    refused: measured on their tiny models, re-reading the sequence does not give their tokens (nor
+    A model that appends a token at every step (:func:`appended_token`: XLM) re-reads the sequence as
+    transformers' ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems,
+    Reformer's buckets) is refused: measured on their tiny models, re-reading the sequence does not give their tokens (nor
     DeepSeek V4's, whose compressed layers the backends refuse)."""
+    if appended_token(module) is not None:
+        return ""  # it re-reads the sequence, as transformers' generate for it does
     name = next((name for name in ("past_key_values", "cache_params") if accepts(module, name)), "")
     other = [argument for argument in OTHER_CACHES if accepts(module, argument)]
     if not name and other:

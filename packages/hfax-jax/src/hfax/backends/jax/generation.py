@@ -32,7 +32,7 @@ from hfax.backends.jax import constants as held
 from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
-from hfax.generation.shapes import accepts, cache_argument
+from hfax.generation.shapes import Appended, accepts, appended_token, cache_argument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Static:
     encoder_decoder: bool = False
     constants: tuple[held.Constant, ...] = ()
     blocks: bool = False
+    appended: Appended | None = None  # XLM: a token after the tokens so far at every step
 
     @property
     def attends(self) -> bool:
@@ -197,6 +198,8 @@ class Forward:
             kwargs["use_cache"] = False
         if static.pass_positions:
             kwargs["position_ids"] = positions
+        if static.appended is not None and static.appended.lang is not None:
+            kwargs["langs"] = torch.full_like(kwargs["input_ids"], static.appended.lang)
         kwargs.update(inputs or {})
         if static.logits_to_keep and cache is not None:
             kwargs["logits_to_keep"] = 1
@@ -289,6 +292,16 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     layout = _layout(model, static, batch, steps=0)
     forward = Forward(model, static, layout, params)
     window = Window(ids, positions, prompt_mask, jnp.arange(length))
+    if static.appended is not None:
+        # The prompt and the appended token, whose logits choose the first new token.
+        read = jnp.concatenate([prompt_mask, jnp.ones((batch, 1), bool)], axis=1)
+        appended = jnp.full((batch, 1), static.appended.token, ids.dtype)
+        window = Window(
+            jnp.concatenate([ids, appended], axis=1),
+            jnp.where(read, jnp.cumsum(read, axis=1) - 1, 1),
+            read,
+            jnp.arange(length + 1),
+        )
     if static.encoder_decoder:
         logits, states, hidden = forward.encoder_decoder(window, None, source)
     else:
@@ -342,10 +355,15 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
                 logits, states = forward.decoder(window, state["states"], masked=static.attends)
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
-            valid = state["valid"] & (jnp.arange(length) <= slot)[None]
+            ids, last = chosen["ids"], slot
+            if static.appended is not None:
+                # Or of the token appended after them (the buffer has room: the loop ends a slot before).
+                last = slot + 1
+                ids = jnp.where(jnp.arange(length) == last, static.appended.token, ids)
+            valid = state["valid"] & (jnp.arange(length) <= last)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
-            window = Window(chosen["ids"], positions, valid, jnp.arange(length))
-            logits, states = forward.decoder(window, None, at=slot)
+            window = Window(ids, positions, valid, jnp.arange(length))
+            logits, states = forward.decoder(window, None, at=last)
         chosen, reorder = _on_torch(
             lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
         )
@@ -510,6 +528,7 @@ def _static(model: Any, plan: driver.Plan) -> Static:
         encoder_decoder=encoder_decoder,
         constants=_constants(plan),
         blocks=blocks,
+        appended=None if encoder_decoder else appended_token(model.module),
     )
 
 

@@ -435,6 +435,12 @@ class TorchXlaEngine:
         decoding = chosen.decoding
         length = decoding.prompt + decoding.capacity
         cache_argument = shapes.cache_argument(model.module, length)
+        if plan.source is None and shapes.appended_token(model.module) is not None:
+            raise NotImplementedError(
+                f"{type(model.module).__name__}'s generate re-reads the sequence through its forward, which "
+                "checks its lengths with .item(): torch_xla's decode step is one compiled graph and cannot "
+                "read a value. Use backend='jax', or transformers' own generate"
+            )
         grow = (
             decoding.prompt - ids.shape[1]
         )  # a larger bucket: more left padding, masked like the rest
