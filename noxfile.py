@@ -669,13 +669,13 @@ def coverage(session: nox.Session) -> None:
 
 @nox.session
 def coverage_torchxla(session: nox.Session) -> None:
-    """The torch_xla column of the coverage sweep: every kind run in the torch_xla environment, three
-    architectures per worker process (one compiles at most ~48 programs), merged into docs/coverage.json's
-    rows. Not in the CI set; run after `nox -s coverage`.
+    """The torch_xla column of the coverage sweep: every kind run in the torch_xla environment, a worker
+    process replaced once it compiled 36 programs (one compiles at most ~48), merged into
+    docs/coverage.json's rows. Not in the CI set; run after `nox -s coverage`.
 
     ``nox -s coverage_torchxla -- --sample 4`` runs 4 architectures of each kind.
     """
     install_torchxla(session)
-    options = ["--kinds", "all", "--merge", "--tasks-per-worker", "3", *session.posargs]
+    options = ["--kinds", "all", "--merge", *session.posargs]
     env = {**TEST_ENV, "PJRT_DEVICE": "CPU"}
     session.run("python", str(ROOT / "tools" / "coverage.py"), *options, env=env)

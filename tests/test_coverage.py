@@ -180,3 +180,20 @@ def test_a_backends_run_adds_its_column_to_the_rows():
     rendered = coverage.render(merged)
     assert "torch_xla.load: ValueError: boom" in rendered
     assert "re-run on 2026-01-02, torch_xla only: causal/llama" in rendered
+
+
+def test_a_worker_near_its_compile_budget_is_replaced():
+    # torch_xla compiles at most ~48 programs a process: a worker is replaced by what its process compiled
+    # (it reports the count after each architecture), not only after a number of architectures.
+    class Running:
+        def poll(self):
+            return None
+
+    worker = object.__new__(coverage.Worker)
+    worker.process, worker.tasks, worker.programs = Running(), 1, 0
+    assert not worker.spent(tasks_per_worker=20)
+    worker.programs = coverage.PROGRAMS_PER_WORKER
+    assert worker.spent(tasks_per_worker=20)
+    worker.programs = 0
+    worker.tasks = 20
+    assert worker.spent(tasks_per_worker=20)

@@ -40,6 +40,13 @@ DOCS = ROOT / "docs"
 RESULT = "@@CHECK "
 DONE = "@@DONE"
 TASKS_PER_WORKER = 20  # a fresh worker now and then keeps leaked compiled programs from piling up
+#: A worker whose process has compiled this many torch_xla programs is replaced before its next task, so
+#: that the next architecture's programs fit in the process's budget (``CompileBudgetError`` past ~48). A
+#: causal architecture costs 4 or 5; counting them, rather than replacing a worker every 3 architectures,
+#: spares most new processes (importing torch_xla takes about 9 of a worker's 15 s to start).
+PROGRAMS_PER_WORKER = 36
+#: A check failing with this ran out of its process's compile budget: the architecture runs again alone.
+BUDGET_ERROR = "CompileBudgetError"
 MARK = {"pass": "✅", "fail": "❌", "skip": "·", "timeout": "⏱", "crash": "💥", "none": "–"}
 TITLES = {
     "causal": "Causal language models (`AutoModelForCausalLM`)",
@@ -170,6 +177,15 @@ class Worker:
             target=self._pump, args=(self.process.stderr, self.stderr.append), daemon=True
         ).start()
         self.tasks = 0
+        self.programs = 0  # torch_xla programs its process compiled so far
+
+    def spent(self, tasks_per_worker: int) -> bool:
+        """Whether a fresh worker should take the next task (this one is done, or near its budget)."""
+        return (
+            not self.alive()
+            or self.tasks >= tasks_per_worker
+            or self.programs >= PROGRAMS_PER_WORKER
+        )
 
     @staticmethod
     def _pump(stream: Any, sink: Any) -> None:
@@ -204,7 +220,8 @@ class Worker:
                 )
                 status["_"] = "crash"
                 break
-            if line == DONE:
+            if line.startswith(DONE):
+                self.programs = json.loads(line[len(DONE) :] or "{}").get("programs", 0)
                 break
             if line.startswith(RESULT):
                 name, state, detail = json.loads(line[len(RESULT) :])
@@ -255,11 +272,16 @@ def sweep(
                 kind, arch = pending.get_nowait()
             except queue.Empty:
                 break
-            if worker is None or not worker.alive() or worker.tasks >= tasks_per_worker:
+            if worker is None or worker.spent(tasks_per_worker):
                 if worker is not None:
                     worker.close()
                 worker = Worker()
             status, errors, seconds = worker.run(kind, arch, timeout)
+            if worker.tasks > 1 and any(BUDGET_ERROR in error for error in errors.values()):
+                # The programs of the architectures before it filled the process: again, alone.
+                worker.close()
+                worker = Worker()
+                status, errors, seconds = worker.run(kind, arch, timeout)
             with lock:
                 results[kind][arch] = {
                     "status": status,
@@ -300,10 +322,17 @@ def worker_main() -> None:
     def report(name: str, state: str, detail: str) -> None:
         print(RESULT + json.dumps([name, state, detail]), flush=True)
 
+    def programs() -> int:
+        if "torch_xla" not in backends:
+            return 0  # JAX keeps no budget
+        from hfax.backends.torchxla import runtime
+
+        return runtime.counters().compiles
+
     for line in sys.stdin:
         task = json.loads(line)
         coverage_checks.run(task["kind"], task["arch"], backends, report)
-        print(DONE, flush=True)
+        print(DONE + json.dumps({"programs": programs()}), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -646,8 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         "--tasks-per-worker",
         type=int,
         default=TASKS_PER_WORKER,
-        help=f"architectures a worker process runs before a fresh one starts (default {TASKS_PER_WORKER}; "
-        "torch_xla: 3, as one process compiles at most ~48 programs)",
+        help=f"architectures a worker process runs before a fresh one starts (default {TASKS_PER_WORKER}); "
+        f"one whose process compiled {PROGRAMS_PER_WORKER} torch_xla programs is replaced sooner",
     )
     parser.add_argument(
         "--only",
