@@ -127,6 +127,7 @@ class Static:
     attends: bool = (
         True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
     )
+    appended: shapes.Appended | None = None  # XLM: a token after the tokens so far at every step
 
 
 #: Seconds spent tracing new buckets' decode steps in this process (XLA's compile time excluded).
@@ -170,6 +171,8 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
             kwargs["attention_mask"] = source["mask"]
     if static.pass_positions:
         kwargs["position_ids"] = positions
+    if static.appended is not None and static.appended.lang is not None:
+        kwargs["langs"] = torch.full_like(kwargs["input_ids"], static.appended.lang)
     if static.logits_to_keep and at is None:
         kwargs["logits_to_keep"] = 1
     kwargs.update(inputs)  # multimodal positions replace the plain ones
@@ -195,7 +198,14 @@ def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, a
         # is the prompt's, as transformers' generate passes it (its attention layers read it as masking
         # the empty slots after the prompt).
         valid = prompt_mask
-    logits = _logits(module, cache, ids, positions, valid, query_slots, static, inputs, source)
+    read = ids
+    if static.appended is not None:
+        # The prompt and the appended token, whose logits choose the first new token.
+        read = torch.cat([ids, torch.full_like(ids[:, :1], static.appended.token)], 1)
+        valid = torch.cat([prompt_mask, torch.ones_like(prompt_mask[:, :1])], 1)
+        positions = torch.where(valid, valid.long().cumsum(1) - 1, 1)
+        query_slots = torch.arange(length + 1, device=ids.device)
+    logits = _logits(module, cache, read, positions, valid, query_slots, static, inputs, source)
     return tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
 
 
@@ -232,10 +242,15 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
                          source=source)  # fmt: skip
     else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
         slots = torch.arange(valid.shape[1], device=valid.device)
-        so_far = valid & (slots <= slot)[None]
+        ids, last = chosen["ids"], slot
+        if static.appended is not None:
+            # Or of the token appended after them (the buffer has room: the loop ends a slot before).
+            last = slot + 1
+            ids = torch.where(slots == last, static.appended.token, ids)
+        so_far = valid & (slots <= last)[None]
         positions = torch.where(so_far, so_far.long().cumsum(1) - 1, 1)
-        logits = _logits(module, None, chosen["ids"], positions, so_far, slots, static, source=source,
-                         at=slot)  # fmt: skip
+        logits = _logits(module, None, ids, positions, so_far, slots, static, source=source,
+                         at=last)  # fmt: skip
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if (
@@ -435,12 +450,6 @@ class TorchXlaEngine:
         decoding = chosen.decoding
         length = decoding.prompt + decoding.capacity
         cache_argument = shapes.cache_argument(model.module, length)
-        if plan.source is None and shapes.appended_token(model.module) is not None:
-            raise NotImplementedError(
-                f"{type(model.module).__name__}'s generate re-reads the sequence through its forward, which "
-                "checks its lengths with .item(): torch_xla's decode step is one compiled graph and cannot "
-                "read a value. Use backend='jax', or transformers' own generate"
-            )
         grow = (
             decoding.prompt - ids.shape[1]
         )  # a larger bucket: more left padding, masked like the rest
@@ -456,6 +465,7 @@ class TorchXlaEngine:
             encoder_decoder=plan.source is not None,
             cache_argument=cache_argument,
             attends=_attends(model.config),
+            appended=None if plan.source is not None else shapes.appended_token(model.module),
         )
         static = _STATICS.setdefault(static, static)
         device = runtime.device()

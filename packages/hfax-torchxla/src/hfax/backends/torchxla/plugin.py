@@ -25,12 +25,15 @@ def hfax_backends() -> list[BackendSpec]:
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Every plain ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight while ``generate`` holds
     one (see :mod:`hfax.backends.torchxla.linear`); transformers' expert layers run every expert on every
-    token instead of its grouped path, whose token counts torch_xla cannot compute (:mod:`hfax.experts`)."""
+    token instead of its grouped path, whose token counts torch_xla cannot compute (:mod:`hfax.experts`).
+    Models that read a size from an input in Python get it as a Python value
+    (:data:`hfax.backends.torchxla.size_reads.SIZE_READS`)."""
     if backend != NAME:
         return
     from hfax import experts
-    from hfax.backends.torchxla import linear
+    from hfax.backends.torchxla import linear, size_reads
 
+    patcher.bind_by_class(model, size_reads.SIZE_READS)
     linear.patch(model, patcher)
     experts.use_every_expert(model, patcher)
 
