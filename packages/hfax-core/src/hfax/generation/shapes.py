@@ -137,8 +137,8 @@ def cache_argument(module: Any, length: int = 0) -> str:
 
     A model that appends a token at every step (:func:`appended_token`: XLM) re-reads the sequence as
     transformers' ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems,
-    Reformer's buckets) is refused: measured on their tiny models, re-reading the sequence does not give their tokens (nor
-    DeepSeek V4's, whose compressed layers the backends refuse)."""
+    Reformer's buckets) is refused: measured on their tiny models, re-reading the sequence does not give
+    their tokens (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
     if appended_token(module) is not None:
         return ""  # it re-reads the sequence, as transformers' generate for it does
     name = next((name for name in ("past_key_values", "cache_params") if accepts(module, name)), "")
