@@ -112,3 +112,50 @@ def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch
     assert array.unsafe_buffer_pointer() == piece.ctypes.data  # kept in place, not copied
     del piece
     np.testing.assert_array_equal(np.asarray(array), host_array(tensor)[2:6])  # the array keeps it
+
+
+@pytest.mark.parametrize("layout", ["one device", "split over 8", "replicated over 8"])
+def test_read_ahead_places_every_piece_and_stays_within_its_bytes(tmp_path, monkeypatch, layout):
+    """Tensors are read on threads ahead of the one being placed, never more than ``READ_AHEAD_BYTES``
+    beyond it, and each array equals the stored tensor converted to the target dtype."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+    from safetensors.torch import save_file
+
+    from hfax.backends.jax import weights
+    from hfax.backends.jax.safetensors_reader import SafetensorsFile
+
+    tensors = {f"t{i}": torch.randn(16, 8 * (i + 1)) for i in range(6)}
+    save_file(tensors, tmp_path / "x.safetensors")
+    file = SafetensorsFile(str(tmp_path / "x.safetensors"))
+    mesh = jax.make_mesh((8,), ("model",))
+    sharding = {
+        "one device": SingleDeviceSharding(jax.devices()[0]),
+        "split over 8": NamedSharding(mesh, PartitionSpec("model")),
+        "replicated over 8": NamedSharding(mesh, PartitionSpec()),
+    }[layout]
+    limit = 2 * 16 * 8 * 2  # bfloat16 bytes of t0 and t1 together
+    monkeypatch.setattr(weights, "READ_AHEAD_BYTES", limit)
+    read, ahead_at_placing = [], []
+    original = file.read
+    monkeypatch.setattr(file, "read", lambda key, *a: read.append(key) or original(key, *a))
+    with weights.ThreadPoolExecutor(weights.READ_THREADS) as pool:
+        ahead = weights.ReadAhead(pool)
+        for name, tensor in tensors.items():
+            ahead.add(name, file, name, tensor.to(torch.bfloat16), sharding)
+        for name, tensor in tensors.items():
+            array = ahead.array(name)
+            ahead_at_placing.append(list(ahead.reading))  # submitted, not yet placed
+            assert array.sharding == sharding
+            np.testing.assert_array_equal(
+                np.asarray(array), weights.host_array(tensor.to(torch.bfloat16))
+            )
+    file.close()
+    pieces = 1 if layout != "split over 8" else 8
+    assert sorted(read) == sorted(name for name in tensors for _ in range(pieces))
+    assert ahead_at_placing[0], "nothing was read ahead"
+    for (
+        names
+    ) in ahead_at_placing:  # bytes read ahead: under the limit, plus the one that crossed it
+        sizes = [tensors[name].numel() * 2 for name in names]
+        assert sum(sizes[:-1]) < limit

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from hfax.checkpoints import read_header
 
@@ -33,6 +34,14 @@ DTYPES = {
     "I8": np.int8,
     "U8": np.uint8,
     "BOOL": np.bool_,
+}
+
+#: numpy dtypes torch cannot take from numpy (ml_dtypes' floats): (same-sized integer dtype to pass the
+#: bytes through, the torch dtype to view them as).
+TORCH_VIEWS = {
+    np.dtype(jnp.bfloat16): (np.int16, torch.bfloat16),
+    np.dtype(jnp.float8_e4m3fn): (np.uint8, torch.float8_e4m3fn),
+    np.dtype(jnp.float8_e5m2): (np.uint8, torch.float8_e5m2),
 }
 
 #: The alignment XLA's CPU client needs to use a host buffer in place.
@@ -72,15 +81,20 @@ class SafetensorsFile:
         if not shape:
             block = np.empty((), stored)
             self._read_box(key, bounds, block)
-            np.copyto(out, block, casting="unsafe")
+            _convert(out, block)
             return out
         rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
         start, stop = bounds[0]
+        buffer = np.empty(
+            min(rows, stop - start) * out[:1].size, stored
+        )  # one, reused by every block
         for first in range(start, stop, rows):
             part = [(first, min(first + rows, stop)), *bounds[1:]]
-            block = np.empty([b - a for a, b in part], stored)
+            block = buffer[: int(np.prod([b - a for a, b in part]))].reshape(
+                [b - a for a, b in part]
+            )
             self._read_box(key, part, block)
-            np.copyto(out[first - start : first - start + len(block)], block, casting="unsafe")
+            _convert(out[first - start : first - start + len(block)], block)
         return out
 
     def _read_box(self, key: str, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
@@ -92,6 +106,29 @@ class SafetensorsFile:
             view = memoryview(run.view(np.uint8))
             if os.preadv(self.fd, [view], position) != view.nbytes:
                 raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
+
+
+def _convert(out: np.ndarray, block: np.ndarray) -> None:
+    """``out[...] = block`` in ``out``'s dtype, rounding as PyTorch does (what transformers' ``dtype=``
+    loads). Through torch where both dtypes are torch's: its conversions are vectorized (float32 to
+    bfloat16 several times faster than numpy's through ml_dtypes) and release the GIL, so the reading
+    threads of ``weights.load_weights`` convert at once."""
+    target, source = _as_torch(out), _as_torch(block)
+    if target is None or source is None:
+        np.copyto(out, block, casting="unsafe")
+    else:
+        target.copy_(source)
+
+
+def _as_torch(array: np.ndarray) -> torch.Tensor | None:
+    """A torch view of ``array``'s memory in its own dtype, or None where torch has no such dtype."""
+    view = TORCH_VIEWS.get(array.dtype)
+    if view is not None:
+        return torch.from_numpy(array.view(view[0])).view(view[1])
+    try:
+        return torch.from_numpy(array)
+    except TypeError:
+        return None
 
 
 def empty(shape: list[int] | tuple[int, ...], dtype: Any) -> np.ndarray:

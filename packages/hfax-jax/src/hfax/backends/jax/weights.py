@@ -3,8 +3,10 @@ read from the safetensors checkpoint straight into each device's piece), and bac
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -16,7 +18,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from hfax.backends.jax.mesh import partition, place
 from hfax.backends.jax.runtime import to_tensor
 from hfax.backends.jax.safetensors_reader import SafetensorsFile
-from hfax.checkpoints import Checkpoint, TensorSource
+from hfax.checkpoints import Checkpoint
 from hfax.tensors import tensor_slots
 
 
@@ -47,42 +49,126 @@ def move_weights(model: torch.nn.Module, plan: Any, mesh: Any) -> dict[str, jax.
     return _install(model, lambda name, tensor: place(host_array(tensor), plan, name, mesh))
 
 
+#: Threads reading checkpoint pieces while the main thread places the ones already read: a read is a copy
+#: out of the page cache into freshly allocated pages (and a dtype conversion), which releases the GIL,
+#: so two cores read at once and reading overlaps placing.
+READ_THREADS = 2
+#: At most this many bytes of pieces read ahead of the tensor being placed (at least one tensor's, however
+#: large): on an accelerator each piece is host memory until it is placed; on CPU it becomes the device
+#: buffer itself, so reading ahead costs nothing there.
+READ_AHEAD_BYTES = 128 << 20
+
+
 def load_weights(
     model: torch.nn.Module, checkpoint: Checkpoint, plan: Any, mesh: Any
 ) -> dict[str, jax.Array]:
     """Like :func:`move_weights` for a model whose weights are on the ``meta`` device: each is read from
     ``checkpoint`` into the pieces this process's devices hold, converted to the weight's dtype.
 
-    Only one device piece of one tensor is on the host at a time besides the placed arrays, and only the
-    bytes of this process's pieces are read (see ``safetensors_reader``). Host tensors (the
-    non-persistent buffers) are placed as :func:`move_weights` places them.
+    Only the bytes of this process's pieces are read (see ``safetensors_reader``), a few tensors ahead of
+    the one being placed (:class:`ReadAhead`). Host tensors (the non-persistent buffers) are placed as
+    :func:`move_weights` places them.
     """
-    with _open_files(checkpoint) as files:
+    meta = {
+        name: tensor
+        for name, tensor in _distinct_tensors(model).items()
+        if tensor.device.type == "meta"
+    }
+    with _open_files(checkpoint) as files, ThreadPoolExecutor(READ_THREADS) as pool:
+        ahead = ReadAhead(pool)
+        for name, tensor in meta.items():
+            source = checkpoint.sources[name]
+            sharding = _sharding(plan, name, tensor, mesh)
+            ahead.add(name, files[source.file], source.key, tensor, sharding)
 
         def array(name: str, tensor: torch.Tensor) -> jax.Array:
             if tensor.device.type != "meta":
                 return place(host_array(tensor), plan, name, mesh)
-            source = checkpoint.sources[name]
-            return read(files[source.file], source, tensor, _sharding(plan, name, tensor, mesh))
+            return ahead.array(name)
 
         return _install(model, array)
 
 
-def read(
-    file: SafetensorsFile, source: TensorSource, tensor: torch.Tensor, sharding: Any
-) -> jax.Array:
-    """The checkpoint tensor ``source`` as a global array laid out by ``sharding``, in ``tensor``'s dtype.
+class ReadAhead:
+    """Checkpoint tensors read on a thread pool in the order they will be placed, ``READ_AHEAD_BYTES`` ahead.
 
-    ``jax.make_array_from_callback`` asks for exactly the index ranges of this process's devices, and
-    only their bytes are read: a host reads its own shards, not the whole tensor. On CPU the piece read
-    becomes the device buffer itself (aligned for it), so it is never copied.
+    Each tensor's pieces are the index boxes ``jax.make_array_from_callback`` will ask for, in its order
+    (one box for a replicated array, else one per addressable device): :meth:`array` hands it the pieces
+    already read, and reads any box it did not foresee on the spot. A host reads its own devices' pieces,
+    not the whole tensor; on CPU each piece read becomes the device buffer itself (aligned for it).
     """
-    dtype = host_array(torch.empty(0, dtype=tensor.dtype)).dtype
 
-    def piece(index: tuple[slice, ...]) -> np.ndarray:
-        return file.read(source.key, index, dtype)
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.tensors: dict[str, tuple[SafetensorsFile, str, tuple[int, ...], Any, np.dtype]] = {}
+        self.waiting: collections.deque[str] = collections.deque()  # added, not yet submitted
+        self.reading: dict[str, dict[tuple, collections.deque[Future]]] = {}
+        self.bytes_ahead = 0
 
-    return jax.make_array_from_callback(tuple(tensor.shape), sharding, piece)
+    def add(
+        self, name: str, file: SafetensorsFile, key: str, tensor: torch.Tensor, sharding: Any
+    ) -> None:
+        dtype = host_array(torch.empty(0, dtype=tensor.dtype)).dtype
+        self.tensors[name] = (file, key, tuple(tensor.shape), sharding, dtype)
+        self.waiting.append(name)
+
+    def array(self, name: str) -> jax.Array:
+        """Tensor ``name`` as a global array laid out by its sharding."""
+        file, key, shape, sharding, dtype = self.tensors[name]
+        self._submit(until=name)
+        pending = self.reading.pop(name, {})
+
+        def piece(index: tuple[slice, ...]) -> np.ndarray:
+            queued = pending.get(_box(index, shape))
+            if queued:
+                return queued.popleft().result()
+            return file.read(key, index, dtype)
+
+        array = jax.make_array_from_callback(shape, sharding, piece)
+        self.bytes_ahead -= _nbytes(shape, sharding, dtype)
+        self._submit()
+        return array
+
+    def _submit(self, until: str | None = None) -> None:
+        """Start reading waiting tensors while under ``READ_AHEAD_BYTES`` ahead, and at least ``until``."""
+        while self.waiting and (
+            self.bytes_ahead < READ_AHEAD_BYTES or (until is not None and until not in self.reading)
+        ):
+            name = self.waiting.popleft()
+            file, key, shape, sharding, dtype = self.tensors[name]
+            boxes: dict[tuple, collections.deque[Future]] = {}
+            for index in _pieces(shape, sharding):
+                future = self.pool.submit(file.read, key, index, dtype)
+                boxes.setdefault(_box(index, shape), collections.deque()).append(future)
+            self.reading[name] = boxes
+            self.bytes_ahead += _nbytes(shape, sharding, dtype)
+
+
+def _pieces(shape: tuple[int, ...], sharding: Any) -> list[tuple[slice, ...]]:
+    """The index boxes ``jax.make_array_from_callback`` asks for, in its order."""
+    if sharding.is_fully_replicated:
+        return [(slice(None),) * len(shape)]
+    return list(sharding.addressable_devices_indices_map(shape).values())
+
+
+def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple:
+    return tuple(part.indices(size)[:2] for part, size in zip(index, shape))
+
+
+def _nbytes(shape: tuple[int, ...], sharding: Any, dtype: np.dtype) -> int:
+    pieces = 1 if sharding.is_fully_replicated else len(sharding.addressable_devices)
+    return pieces * int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * dtype.itemsize
+
+
+def _distinct_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each distinct tensor of ``model`` under the first state name :func:`_install` meets it by."""
+    seen: set[int] = set()
+    tensors = {}
+    for full_name, _, _, tensor in tensor_slots(model):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            tensors[full_name] = tensor
+    return tensors
 
 
 def _sharding(plan: Any, name: str, tensor: torch.Tensor, mesh: Any) -> Any:
