@@ -46,8 +46,9 @@ TORCH_VIEWS = {
 
 #: The alignment XLA's CPU client needs to use a host buffer in place.
 ALIGNMENT = 64
-#: At most this many stored bytes are read at once when converting a piece to another dtype.
-CONVERT_BLOCK_BYTES = 4 << 20
+#: At most this many stored bytes are read at once when converting a piece to another dtype (per reading
+#: thread: its block buffer is host memory the load holds besides the weights).
+CONVERT_BLOCK_BYTES = 1 << 20
 #: Arrays this large or larger have their pages allocated before they are read into (see :func:`empty`).
 PREFAULT_MIN_BYTES = 1 << 20
 #: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
