@@ -86,9 +86,8 @@ class SafetensorsFile:
             return out
         rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
         start, stop = bounds[0]
-        buffer = np.empty(
-            min(rows, stop - start) * out[:1].size, stored
-        )  # one, reused by every block
+        # One block buffer, reused by every block.
+        buffer = np.empty(min(rows, stop - start) * out[:1].size, stored)
         for first in range(start, stop, rows):
             part = [(first, min(first + rows, stop)), *bounds[1:]]
             block = buffer[: int(np.prod([b - a for a, b in part]))].reshape(
