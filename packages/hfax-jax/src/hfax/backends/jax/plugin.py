@@ -69,8 +69,8 @@ def hfax_shard_weights(model: Any, plan: Any, mesh: Any, backend: str) -> dict[s
 def hfax_load_weights(model: Any, checkpoint: Any, plan: Any, mesh: Any, backend: str) -> Any:
     """Read each weight from the safetensors checkpoint into the pieces this process's devices hold.
 
-    Host memory holds the placed arrays and one piece in flight; on several hosts each reads only the
-    byte ranges of its own shards. Tied weights stay one array.
+    Host memory holds the placed arrays and the pieces read ahead of them (``weights.READ_AHEAD_BYTES``);
+    on several hosts each reads only the byte ranges of its own shards. Tied weights stay one array.
     """
     if backend != NAME:
         return None
