@@ -90,9 +90,8 @@ class SafetensorsFile:
         buffer = np.empty(min(rows, stop - start) * out[:1].size, stored)
         for first in range(start, stop, rows):
             part = [(first, min(first + rows, stop)), *bounds[1:]]
-            block = buffer[: int(np.prod([b - a for a, b in part]))].reshape(
-                [b - a for a, b in part]
-            )
+            sizes = [b - a for a, b in part]
+            block = buffer[: int(np.prod(sizes))].reshape(sizes)
             self._read_box(key, part, block)
             _convert(out[first - start : first - start + len(block)], block)
         return out

@@ -100,7 +100,10 @@ class ReadAhead:
 
     def __init__(self, pool: ThreadPoolExecutor) -> None:
         self.pool = pool
-        self.tensors: dict[str, tuple[SafetensorsFile, str, tuple[int, ...], Any, np.dtype]] = {}
+        #: name -> (file, key, shape, sharding, dtype, bytes of this process's pieces)
+        self.tensors: dict[
+            str, tuple[SafetensorsFile, str, tuple[int, ...], Any, np.dtype, int]
+        ] = {}
         self.waiting: collections.deque[str] = collections.deque()  # added, not yet submitted
         self.reading: dict[str, dict[tuple, collections.deque[Future]]] = {}
         self.bytes_ahead = 0
@@ -109,12 +112,13 @@ class ReadAhead:
         self, name: str, file: SafetensorsFile, key: str, tensor: torch.Tensor, sharding: Any
     ) -> None:
         dtype = host_array(torch.empty(0, dtype=tensor.dtype)).dtype
-        self.tensors[name] = (file, key, tuple(tensor.shape), sharding, dtype)
+        shape = tuple(tensor.shape)
+        self.tensors[name] = (file, key, shape, sharding, dtype, _nbytes(shape, sharding, dtype))
         self.waiting.append(name)
 
     def array(self, name: str) -> jax.Array:
         """Tensor ``name`` as a global array laid out by its sharding."""
-        file, key, shape, sharding, dtype = self.tensors[name]
+        file, key, shape, sharding, dtype, nbytes = self.tensors[name]
         self._submit(until=name)
         pending = self.reading.pop(name, {})
 
@@ -125,7 +129,7 @@ class ReadAhead:
             return file.read(key, index, dtype)
 
         array = jax.make_array_from_callback(shape, sharding, piece)
-        self.bytes_ahead -= _nbytes(shape, sharding, dtype)
+        self.bytes_ahead -= nbytes
         self._submit()
         return array
 
@@ -135,13 +139,13 @@ class ReadAhead:
             self.bytes_ahead < READ_AHEAD_BYTES or (until is not None and until not in self.reading)
         ):
             name = self.waiting.popleft()
-            file, key, shape, sharding, dtype = self.tensors[name]
+            file, key, shape, sharding, dtype, nbytes = self.tensors[name]
             boxes: dict[tuple, collections.deque[Future]] = {}
             for index in _pieces(shape, sharding):
                 future = self.pool.submit(file.read, key, index, dtype)
                 boxes.setdefault(_box(index, shape), collections.deque()).append(future)
             self.reading[name] = boxes
-            self.bytes_ahead += _nbytes(shape, sharding, dtype)
+            self.bytes_ahead += nbytes
 
 
 def _pieces(shape: tuple[int, ...], sharding: Any) -> list[tuple[slice, ...]]:
