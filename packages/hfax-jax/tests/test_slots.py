@@ -73,6 +73,19 @@ def test_rows_joining_a_running_batch_get_their_generate_tokens(tiny, sizes):
     assert tokens[3] == sampled
 
 
+def test_sampled_rows_without_top_p_draw_generates_tokens_with_or_without_a_sorting_neighbour(tiny):
+    # A batch whose sampled rows all keep top_p 1 skips the top-p sort (rows.WORKS); once a row with top_p
+    # 0.9 joins, every row goes through it. Either way a row draws what generate draws alone.
+    _, _, model = tiny("llama")
+    plain = dict(temperature=0.7, seed=5)
+    alone = _generated(model, PROMPTS[1], do_sample=True, top_k=0, top_p=1.0, **plain)
+    nucleus = _generated(model, PROMPTS[0], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=2, length=96, chunk=4)
+    schedule = [[40, (0, PROMPTS[1], Sampling(**plain))], [(1, PROMPTS[0], Sampling(**SAMPLED))]]
+    tokens = _run(engine, schedule)
+    assert tokens[0] == alone and tokens[1] == nucleus
+
+
 def test_new_settings_and_rows_compile_nothing(tiny):
     _, _, model = tiny("llama")
     engine = SlotEngine(model, slots=4, length=96, chunk=4)

@@ -62,8 +62,11 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
     logits = logits.to(torch.float32)
     token = torch.argmax(logits, dim=-1).to(torch.int32)
     if work.sample:
-        steps = (("temperature", ()), ("top_p", (1,)))
-        settings = [{"value": rows["temperature"][:, None]}, {"value": rows["top_p"][:, None]}]
+        steps: tuple[tuple[str, tuple[int, ...]], ...] = (("temperature", ()),)
+        settings = [{"value": rows["temperature"][:, None]}]
+        if work.top_p:
+            steps += (("top_p", (1,)),)
+            settings.append({"value": rows["top_p"][:, None]})
         scores = processors.apply(steps, settings, logits, history=None)
         noise = search.gumbel(
             rows["seed"][:, None], step[:, None], rows["choice"], logits.shape[-1]
@@ -87,21 +90,31 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """Which parts of :func:`choose` run: sampling (with its top-p sort), log-probabilities (each costs
-    every row passes over the vocabulary, the sort most)."""
+    """Which parts of :func:`choose` run: sampling, its top-p sort, log-probabilities (each costs every
+    row passes over the vocabulary, the sort most: on CPU it takes longer than the 16-row forward)."""
 
     sample: bool
+    top_p: bool
     logprobs: bool
 
 
-#: Every :class:`Work`, in the order :func:`work_needed` numbers them.
-WORKS = tuple(Work(sample, logprobs) for sample in (False, True) for logprobs in (False, True))
+#: Every :class:`Work`, in the order :func:`work_needed` numbers them. A row's ``top_p`` of 1 keeps every
+#: token, so it needs no sort: transformers adds no top-p warper then either, and OpenAI's default request
+#: (temperature 1, top_p 1) samples.
+WORKS = tuple(
+    Work(sample, top_p, logprobs)
+    for sample, top_p in ((False, False), (True, False), (True, True))
+    for logprobs in (False, True)
+)
 
 
 def work_needed(rows: dict[str, Any], busy: Any) -> Any:
     """The index in :data:`WORKS` of what the ``busy`` rows need (a 0-d int32 tensor), so that a batch
-    of greedy requests costs what greedy decoding costs."""
+    of greedy requests costs what greedy decoding costs, and sampling sorts only for a row with a
+    ``top_p`` under 1."""
     import torch
 
-    sample = (rows["sample"] & busy).any().to(torch.int32)
-    return sample * 2 + (rows["logprobs"] & busy).any().to(torch.int32)
+    sample = rows["sample"] & busy
+    top_p = (sample & (rows["top_p"] < 1)).any().to(torch.int32)
+    kind = sample.any().to(torch.int32) + top_p
+    return kind * 2 + (rows["logprobs"] & busy).any().to(torch.int32)
