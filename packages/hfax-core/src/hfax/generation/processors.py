@@ -383,13 +383,33 @@ def _unsort(remove_sorted: Any, order: Any) -> Any:
     return remove_sorted.scatter(1, order, remove_sorted)
 
 
+#: Halvings of :func:`_top_p`'s score interval: a range of 50 over 2**32 is below a float32 score's own
+#: resolution (1.2e-7 at 1.0), so two tokens the bisection cannot tell apart hardly differ in score.
+_TOP_P_HALVINGS = 32
+
+
 def _top_p(scores: Any, a: dict[str, Any], shape: tuple, history: History) -> Any:
+    """transformers sorts the scores and removes the ascending run whose probabilities sum to at most
+    ``1 - top_p``: every token scored at most the highest score ``t`` whose mass (the probabilities of the
+    tokens scored at most ``t``) is not above ``1 - top_p``. Here ``t`` is bisected between the lowest
+    finite score and the highest: 32 masked sums over the vocabulary, where a sort and its scatter cost more
+    than a small model's whole forward on XLA:CPU, and grow as ``V log V``. Tokens of one score at the edge
+    are kept or removed together; a sort splits them in the order it happens to leave them."""
     import torch
 
-    ascending, order = torch.sort(scores, dim=-1)
-    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-    remove = _keep_first(cumulative <= (1 - a["value"]), shape[0], from_end=True)
-    return scores.masked_fill(_unsort(remove, order), -float("inf"))
+    probs = scores.softmax(dim=-1, dtype=torch.float32)
+    limit = 1 - a["value"]
+    finite = torch.where(torch.isfinite(scores), scores, float("inf"))
+    # The mass up to `low` is nothing (only -inf scores), the mass up to `high` everything.
+    low = finite.amin(dim=-1, keepdim=True) - 1
+    high = scores.amax(dim=-1, keepdim=True)
+    for _ in range(_TOP_P_HALVINGS):
+        middle = (low + high) / 2
+        mass = torch.where(scores <= middle, probs, 0).sum(-1, keepdim=True)
+        fits = mass <= limit
+        low, high = torch.where(fits, middle, low), torch.where(fits, high, middle)
+    likeliest = torch.topk(scores, shape[0], dim=-1).values[..., -1:]
+    return scores.masked_fill((scores <= low) & (scores < likeliest), -float("inf"))
 
 
 def _min_p(scores: Any, a: dict[str, Any], shape: tuple, history: History) -> Any:
