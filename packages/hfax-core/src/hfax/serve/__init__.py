@@ -17,8 +17,11 @@ import numpy as np
 
 from hfax.generation.rows import Sampling
 
-#: Decode steps per chunk: how often new requests may join and tokens reach their clients.
-CHUNK = 8
+#: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
+#: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
+#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels from about
+#: 2 steps on (benchmarks/serve.py).
+CHUNK = 4
 
 
 def context_length(model: Any, requested: int | None) -> int:
