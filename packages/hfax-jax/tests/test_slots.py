@@ -73,8 +73,8 @@ def test_rows_joining_a_running_batch_get_their_generate_tokens(tiny, sizes):
     assert tokens[3] == sampled
 
 
-def test_sampled_rows_without_top_p_draw_generates_tokens_with_or_without_a_sorting_neighbour(tiny):
-    # A batch whose sampled rows all keep top_p 1 skips the top-p sort (rows.WORKS); once a row with top_p
+def test_sampled_rows_without_top_p_draw_generates_tokens_with_or_without_a_top_p_neighbour(tiny):
+    # A batch whose sampled rows all keep top_p 1 skips the top-p cutoff (rows.WORKS); once a row with top_p
     # 0.9 joins, every row goes through it. Either way a row draws what generate draws alone.
     _, _, model = tiny("llama")
     plain = dict(temperature=0.7, seed=5)

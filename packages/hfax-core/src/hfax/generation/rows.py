@@ -90,8 +90,8 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """Which parts of :func:`choose` run: sampling, its top-p sort, log-probabilities (each costs every
-    row passes over the vocabulary, the sort most: on CPU it takes longer than the 16-row forward)."""
+    """Which parts of :func:`choose` run: sampling, its top-p cutoff, log-probabilities (each costs every
+    row passes over the vocabulary, the top-p cutoff 32 of them)."""
 
     sample: bool
     top_p: bool
@@ -99,7 +99,7 @@ class Work:
 
 
 #: Every :class:`Work`, in the order :func:`work_needed` numbers them. A row's ``top_p`` of 1 keeps every
-#: token, so it needs no sort: transformers adds no top-p warper then either, and OpenAI's default request
+#: token, so it needs no cutoff: transformers adds no top-p warper then either, and OpenAI's default request
 #: (temperature 1, top_p 1) samples.
 WORKS = tuple(
     Work(sample, top_p, logprobs)
@@ -110,7 +110,7 @@ WORKS = tuple(
 
 def work_needed(rows: dict[str, Any], busy: Any) -> Any:
     """The index in :data:`WORKS` of what the ``busy`` rows need (a 0-d int32 tensor), so that a batch
-    of greedy requests costs what greedy decoding costs, and sampling sorts only for a row with a
+    of greedy requests costs what greedy decoding costs, and sampling cuts top-p only for a row with a
     ``top_p`` under 1."""
     import torch
 
