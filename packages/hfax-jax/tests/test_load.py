@@ -92,6 +92,41 @@ def test_reader_converts_a_block_of_rows_at_a_time(tmp_path, monkeypatch, stored
     np.testing.assert_array_equal(piece, expected)
 
 
+def mapped_resident_bytes(path) -> int:
+    """Resident bytes of this process's mappings of file ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if (
+                "-" in fields[0] and len(fields) >= 5
+            ):  # a mapping's first line: range, perms, ..., path
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from hfax.backends.jax import safetensors_reader
+    from hfax.backends.jax.weights import host_array
+
+    block = 1 << 20
+    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", block)
+    tensor = torch.randn(64, 1 << 16)  # 16 MiB of float32
+    path = tmp_path / "x.safetensors"
+    save_file({"t": tensor}, path)
+    file = safetensors_reader.SafetensorsFile(str(path))
+    piece = file.read("t", (), host_array(torch.empty(0, dtype=torch.bfloat16)).dtype)
+    resident = mapped_resident_bytes(path)
+    file.close()
+    np.testing.assert_array_equal(piece, host_array(tensor.to(torch.bfloat16)))
+    # Without the drops the whole 16 MiB would stay; what is left is at most one block's edges.
+    assert resident <= 2 * safetensors_reader.FAULT_AROUND_BYTES, resident
+
+
 def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch):
     import jax
     from safetensors.torch import save_file

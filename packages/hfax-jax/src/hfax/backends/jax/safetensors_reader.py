@@ -3,7 +3,9 @@
 ``safetensors``' own ``get_slice`` reads the whole tensor when the file is not memory-mapped, and a
 memory-mapped file keeps every page it touched resident until it is closed (a second copy of the model
 in the process's resident memory). Here each piece is read by ``os.preadv`` straight into the array
-that holds it: one read per contiguous run of its bytes, nothing mapped, nothing read twice.
+that holds it: one read per contiguous run of its bytes, nothing read twice. A piece converted to another
+dtype is converted from a read-only mapping of the file instead (its stored bytes are never copied into a
+buffer first), and each block's pages leave the process's resident memory once converted.
 """
 
 from __future__ import annotations
@@ -46,9 +48,15 @@ TORCH_VIEWS = {
 
 #: The alignment XLA's CPU client needs to use a host buffer in place.
 ALIGNMENT = 64
-#: At most this many stored bytes are read at once when converting a piece to another dtype (per reading
-#: thread: its block buffer is host memory the load holds besides the weights).
-CONVERT_BLOCK_BYTES = 1 << 20
+#: At most this many stored bytes are converted at once, then dropped from resident memory: the pages of
+#: the file's mapping each reading thread holds besides the weights. Larger blocks convert faster (torch
+#: splits one conversion over its own threads), smaller ones hold less.
+CONVERT_BLOCK_BYTES = 8 << 20
+#: The size of a memory page, the unit ``madvise`` drops.
+PAGE = mmap.PAGESIZE
+#: How far before a faulting page Linux maps the file's cached pages along with it ("fault-around", 64 KiB
+#: by default): a block's first fault maps pages of the block before, which its drop then covers again.
+FAULT_AROUND_BYTES = 64 << 10
 #: Arrays this large or larger have their pages allocated before they are read into (see :func:`empty`).
 PREFAULT_MIN_BYTES = 1 << 20
 #: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
@@ -62,14 +70,19 @@ class SafetensorsFile:
         self.path = path
         self.data_start, self.header = read_header(path)
         self.fd = os.open(path, os.O_RDONLY)
+        # Converting reads: mapped once, so that the reading threads fault pages in side by side (a
+        # mapping per block serializes them on the process's mmap lock). Copy-on-write, never written:
+        # its pages are the page cache's, and numpy and torch take them as writable arrays.
+        self.mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)
 
     def close(self) -> None:
+        self.mapped.close()
         os.close(self.fd)
 
     def read(self, key: str, index: tuple[slice, ...] = (), dtype: Any = None) -> np.ndarray:
         """Tensor ``key``'s box ``index`` (unit-step slices, one per leading dimension) as a new array,
-        converted to ``dtype`` (default: as stored) a block of rows at a time, so that the stored bytes in
-        flight stay under ``CONVERT_BLOCK_BYTES`` besides the result."""
+        converted to ``dtype`` (default: as stored) a block of rows at a time, so that the stored bytes
+        mapped in stay under ``CONVERT_BLOCK_BYTES`` besides the result."""
         entry = self.header[key]
         stored = np.dtype(DTYPES[entry["dtype"]])
         shape = tuple(entry["shape"])
@@ -86,15 +99,24 @@ class SafetensorsFile:
             return out
         rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
         start, stop = bounds[0]
-        # One block buffer, reused by every block.
-        buffer = np.empty(min(rows, stop - start) * out[:1].size, stored)
+        begin = self.data_start + entry["data_offsets"][0]
         for first in range(start, stop, rows):
             part = [(first, min(first + rows, stop)), *bounds[1:]]
-            sizes = [b - a for a, b in part]
-            block = buffer[: int(np.prod(sizes))].reshape(sizes)
-            self._read_box(key, part, block)
-            _convert(out[first - start : first - start + len(block)], block)
+            block = out[first - start : part[0][1] - start]
+            for position, run in _runs(shape, part, stored.itemsize, begin, block):
+                self._convert_mapped(key, position, run, stored)
         return out
+
+    def _convert_mapped(self, key: str, position: int, out: np.ndarray, stored: np.dtype) -> None:
+        """``out`` (1-D) converted from the ``out.size`` stored values at file ``position``, then the
+        pages of those bytes, and those fault-around mapped before them, dropped from the process (the
+        page cache keeps them; a page another thread still reads is faulted in again)."""
+        end = position + out.size * stored.itemsize
+        if end > len(self.mapped):
+            raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
+        _convert(out, np.frombuffer(self.mapped, stored, out.size, position))
+        first = max(0, position // PAGE * PAGE - FAULT_AROUND_BYTES)
+        self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def _read_box(self, key: str, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
         entry = self.header[key]
