@@ -112,6 +112,7 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
 
     from hfax.backends.jax import safetensors_reader
     from hfax.backends.jax.weights import host_array
+    from hfax.checkpoints import MappedFile
 
     block = 1 << 20
     monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", block)
@@ -124,7 +125,7 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
     file.close()
     np.testing.assert_array_equal(piece, host_array(tensor.to(torch.bfloat16)))
     # Without the drops the whole 16 MiB would stay; what is left is at most one block's edges.
-    assert resident <= 2 * safetensors_reader.FAULT_AROUND_BYTES, resident
+    assert resident <= 2 * MappedFile.FAULT_AROUND_BYTES, resident
 
 
 def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch):

@@ -80,3 +80,35 @@ def test_a_model_without_a_family_loads_through_transformers(tmp_path, caplog):
     with torch.no_grad():
         want = reference(input_ids=torch.as_tensor(PROMPT)).logits.numpy()
     np.testing.assert_allclose(as_numpy(model(input_ids=PROMPT).logits), want, atol=1e-4)
+
+
+def mapped_resident_bytes(path: Path) -> int:
+    """Resident bytes of this process's mappings of file ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line: range, perms, ..., path
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from hfax.backends.torchxla import safetensors_reader
+    from hfax.checkpoints import MappedFile
+
+    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", 1 << 20)
+    tensor = torch.randn(64, 1 << 16)  # 16 MiB of float32
+    path = tmp_path / "x.safetensors"
+    save_file({"t": tensor}, path)
+    file = safetensors_reader.SafetensorsFile(str(path))
+    converted = file.read("t", torch.bfloat16)
+    resident = mapped_resident_bytes(path)
+    file.close()
+    assert torch.equal(converted, tensor.to(torch.bfloat16))
+    # Without the drops the whole 16 MiB would stay; what is left is at most one block's edges.
+    assert resident <= 2 * MappedFile.FAULT_AROUND_BYTES, resident

@@ -12,11 +12,15 @@ the caller takes transformers' path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import mmap
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from hfax.tensors import tensor_slots
 
@@ -129,6 +133,41 @@ def read_header(path: str) -> tuple[int, dict[str, Any]]:
         header = json.loads(f.read(length))
     header.pop("__metadata__", None)
     return 8 + length, header
+
+
+class MappedFile:
+    """A checkpoint file mapped into memory for reads that convert as they go (a backend's
+    ``safetensors_reader``): :meth:`run` lends the stored bytes of a run without copying them, and drops
+    their pages from the process's resident memory once used, so converting a whole checkpoint holds one
+    run's pages besides its result (transformers' mapped loads hold every page they touched).
+
+    Mapped copy-on-write and never written: its pages are the page cache's, and numpy and torch take
+    them as writable arrays. One mapping for all the runs, so reading threads fault pages in side by side
+    (a mapping per run serializes them on the process's mmap lock).
+    """
+
+    #: How far before a faulting page Linux maps the file's cached pages along with it ("fault-around",
+    #: 64 KiB by default): a run's first fault maps pages of the run before, which its drop covers again.
+    FAULT_AROUND_BYTES = 64 << 10
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+
+    def close(self) -> None:
+        self.mapped.close()
+
+    @contextlib.contextmanager
+    def run(self, position: int, nbytes: int, key: str) -> Iterator[np.ndarray]:
+        """The ``nbytes`` bytes at file ``position`` (of tensor ``key``) as a uint8 array, valid inside the
+        ``with`` block; their pages, and those fault-around mapped before them, are dropped after it (the
+        page cache keeps them; a page another thread still reads is faulted in again)."""
+        end = position + nbytes
+        if end > len(self.mapped):
+            raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
+        yield np.frombuffer(self.mapped, np.uint8, nbytes, position)
+        first = max(0, position // mmap.PAGESIZE * mmap.PAGESIZE - self.FAULT_AROUND_BYTES)
+        self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _checkpoint_keys(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.checkpoints import read_header
+from hfax.checkpoints import MappedFile, read_header
 
 #: safetensors dtype names as numpy dtypes (bfloat16 and float8 as JAX has them).
 DTYPES = {
@@ -52,11 +52,6 @@ ALIGNMENT = 64
 #: the file's mapping each reading thread holds besides the weights. Larger blocks convert faster (torch
 #: splits one conversion over its own threads), smaller ones hold less.
 CONVERT_BLOCK_BYTES = 8 << 20
-#: The size of a memory page, the unit ``madvise`` drops.
-PAGE = mmap.PAGESIZE
-#: How far before a faulting page Linux maps the file's cached pages along with it ("fault-around", 64 KiB
-#: by default): a block's first fault maps pages of the block before, which its drop then covers again.
-FAULT_AROUND_BYTES = 64 << 10
 #: Arrays this large or larger have their pages allocated before they are read into (see :func:`empty`).
 PREFAULT_MIN_BYTES = 1 << 20
 #: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
@@ -70,10 +65,7 @@ class SafetensorsFile:
         self.path = path
         self.data_start, self.header = read_header(path)
         self.fd = os.open(path, os.O_RDONLY)
-        # Converting reads: mapped once, so that the reading threads fault pages in side by side (a
-        # mapping per block serializes them on the process's mmap lock). Copy-on-write, never written:
-        # its pages are the page cache's, and numpy and torch take them as writable arrays.
-        self.mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)
+        self.mapped = MappedFile(path, self.fd)  # what converting reads read from
 
     def close(self) -> None:
         self.mapped.close()
@@ -104,19 +96,9 @@ class SafetensorsFile:
             part = [(first, min(first + rows, stop)), *bounds[1:]]
             block = out[first - start : part[0][1] - start]
             for position, run in _runs(shape, part, stored.itemsize, begin, block):
-                self._convert_mapped(key, position, run, stored)
+                with self.mapped.run(position, run.size * stored.itemsize, key) as raw:
+                    _convert(run, raw.view(stored))
         return out
-
-    def _convert_mapped(self, key: str, position: int, out: np.ndarray, stored: np.dtype) -> None:
-        """``out`` (1-D) converted from the ``out.size`` stored values at file ``position``, then the
-        pages of those bytes, and those fault-around mapped before them, dropped from the process (the
-        page cache keeps them; a page another thread still reads is faulted in again)."""
-        end = position + out.size * stored.itemsize
-        if end > len(self.mapped):
-            raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
-        _convert(out, np.frombuffer(self.mapped, stored, out.size, position))
-        first = max(0, position // PAGE * PAGE - FAULT_AROUND_BYTES)
-        self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def _read_box(self, key: str, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
         entry = self.header[key]
