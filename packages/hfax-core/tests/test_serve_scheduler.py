@@ -18,14 +18,17 @@ BUCKET = 16
 
 
 class ColumnsEngine:
-    """Every prompt takes one bucket; each row emits token 7 until its ``max_new``; the clock advances
-    by the chunk's steps; ``shift`` and ``restart`` are recorded."""
+    """Every prompt takes one bucket; each of the leading rows a chunk runs emits token 7 until its
+    ``max_new``; the clock advances by the chunk's steps; ``shift``, ``move`` and ``restart`` are
+    recorded."""
 
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
         self.left = np.zeros((slots,), int)
         self.shifts: list[int] = []
         self.restarts: list[int] = []
+        self.moves: list[tuple[int, int]] = []
+        self.rows_run: list[int] = []
         self.admitted_at: list[int] = []
 
     def bucket(self, length: int) -> int:
@@ -45,7 +48,8 @@ class ColumnsEngine:
         }
 
     def decode(self, steps: int, rows: int) -> None:
-        self.count = np.minimum(self.left, steps)
+        self.rows_run.append(rows)
+        self.count = np.where(np.arange(self.slots) < rows, np.minimum(self.left, steps), 0)
         self.left -= self.count
         self.clock += int(self.count.max(initial=0))
         assert self.clock <= self.length
@@ -62,6 +66,10 @@ class ColumnsEngine:
     def shift(self, delta: int) -> None:
         self.shifts.append(delta)
         self.clock += delta
+
+    def move(self, source: int, target: int) -> None:
+        self.moves.append((source, target))
+        self.left[target], self.left[source] = self.left[source], 0
 
     def restart(self, clock: int) -> None:
         self.restarts.append(clock)
@@ -111,3 +119,34 @@ def test_a_move_of_busy_rows_goes_as_far_left_as_they_allow(scheduler):
     assert scheduler._delta(BUCKET, 20) == -10
     assert scheduler._delta(BUCKET, 10) == 0  # fits as it is: nothing moves
     assert scheduler._delta(BUCKET, 30) is None  # cannot fit while row 0 runs
+
+
+def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
+    """Three requests in rows 0-2; rows 0 and 1 finish after the first chunk: row 2's request moves to
+    row 0 and the chunks after run one row, and it still gets every token."""
+    engine = ColumnsEngine(slots=4, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    finished: list[int] = []
+    done = threading.Event()
+
+    def deliver(i: int):
+        def take(event) -> None:  # on the scheduler's thread
+            got[i].extend(event.ids)
+            if event.finish:
+                finished.append(i)
+                if len(finished) == len(got):
+                    done.set()
+
+        return take
+
+    try:
+        scheduler.submit(
+            [Sequence([1], n, Sampling(0.0), deliver(i)) for i, n in enumerate((5, 5, 13))]
+        )
+        assert done.wait(10)
+    finally:
+        scheduler.close()
+    assert [len(tokens) for tokens in got.values()] == [5, 5, 13]
+    assert engine.moves == [(2, 0)]
+    assert engine.rows_run == [3, 1, 1]

@@ -106,3 +106,34 @@ def test_models_the_engine_cannot_run_are_refused_by_name(tiny):
     check_servable(model, 32)
     with pytest.raises(NotImplementedError, match="needs a static cache.*window_size 40"):
         check_servable(model, 64)
+
+
+def test_a_request_moved_to_another_row_keeps_its_generate_tokens(tiny):
+    # hfax serve packs requests into the leading rows so that a chunk runs as few rows as possible: a
+    # greedy and a sampled request move from rows 3 and 2 to rows 0 and 1 mid-generation, and the chunks
+    # after run two rows.
+    _, _, model = tiny("llama")
+    greedy = _generated(model, PROMPTS[1], do_sample=False)
+    sampled = _generated(model, PROMPTS[0], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=4, length=96, chunk=4)
+    engine.shift(40)
+    tokens = {
+        3: [int(engine.admit(3, PROMPTS[1], Sampling(0.0), NEW)["token"])],
+        2: [int(engine.admit(2, PROMPTS[0], Sampling(**SAMPLED), NEW)["token"])],
+    }
+    engine.decode(engine.chunk, 4)
+    chunk = engine.read()
+    for row in tokens:
+        tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+    finished = chunk.finished[[3, 2]]
+    engine.move(3, 0)
+    engine.move(2, 1)
+    tokens = {0: tokens[3], 1: tokens[2]}
+    while not finished.all():
+        engine.decode(engine.chunk, 2)
+        chunk = engine.read()
+        assert chunk.finished[2:].all() and not chunk.count[2:].any()  # the rows left are free
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        finished = chunk.finished[:2]
+    assert tokens[0] == greedy and tokens[1] == sampled

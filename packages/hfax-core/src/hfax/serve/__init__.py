@@ -53,6 +53,7 @@ def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
         slot_engine.decode(1, min(rows, slots))
         slot_engine.read()
         rows *= 2
+    slot_engine.move(0, 0)
     slot_engine.release(np.ones((slots,), bool))
     slot_engine.shift(0)
     slot_engine.restart(0)  # and the warm-up's columns hidden

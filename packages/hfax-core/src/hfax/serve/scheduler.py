@@ -2,7 +2,8 @@
 
 One worker thread owns the engine (:class:`SlotEngine`, e.g. :class:`hfax.backends.jax.slots.SlotEngine`)
 and loops: release rows whose request finished or was cancelled, prefill waiting requests into free rows
-(first in, first out), run one decode chunk over every row, hand each request its new tokens. Requests
+(first in, first out), move the last busy rows down into free rows below them, run one decode chunk over
+the leading rows that hold every request, hand each request its new tokens. Requests
 reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
 :class:`Sequence`'s ``deliver`` callback, called on the worker thread.
 
@@ -66,6 +67,9 @@ class SlotEngine(Protocol):
 
     def shift(self, delta: int) -> None:
         """Move every row's columns (and the clock) by ``delta``."""
+
+    def move(self, source: int, target: int) -> None:
+        """Move the request in row ``source`` into the free row ``target``; ``source`` is free after it."""
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` while every row is free: nothing is copied."""
@@ -181,6 +185,7 @@ class Scheduler:
             try:
                 for row, sequence in admitted:
                     self._admit(row, sequence)
+                self._pack()
                 if self.busy:
                     self._decode()
             except Exception:  # noqa: BLE001 - the server keeps serving; these requests get an error
@@ -250,6 +255,21 @@ class Scheduler:
         if low > high:
             return None
         return 0 if low <= 0 <= high else low
+
+    def _pack(self) -> None:
+        """Move the last busy rows into the free rows below them. A decode chunk runs the leading rows up to
+        the last busy one (a program per power of two of rows), so rows left busy high up by requests that
+        finished below them would cost every step what a full batch costs."""
+        while None in self._rows:
+            free = self._rows.index(None)
+            last = max((row for row, s in enumerate(self._rows) if s is not None), default=-1)
+            if last < free:
+                return
+            self.engine.move(last, free)
+            with self._wake:
+                sequence = self._rows[last]
+                self._rows[free], self._rows[last], sequence.row = sequence, None, free
+                self._spans[free] = self._spans.pop(last)
 
     def _admit(self, row: int, sequence: Sequence) -> None:
         chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)

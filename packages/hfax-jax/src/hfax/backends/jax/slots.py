@@ -5,6 +5,7 @@
     engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
     engine.read()                                     the chunk's tokens, per row, on the host
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
+    engine.move(source, target)                       one request to another row                  (one program)
     engine.restart(clock)                             every row free: move the clock only         (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
@@ -19,7 +20,7 @@ left (or right) by the same amount, one copy of the cache.
 
 Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
 so a stream of requests compiles one prefill per prompt bucket, one decode per power of two of busy rows,
-and one each of shift, restart, release and start.
+and one each of shift, move, restart, release and start.
 """
 
 from __future__ import annotations
@@ -301,6 +302,20 @@ def shift_program(model: Any, state: dict[str, Any], delta: Any, static: Static)
     return {**state, "states": states, "valid": valid, "clock": state["clock"] + delta}
 
 
+def move_program(
+    model: Any, state: dict[str, Any], source: Any, target: Any, static: Static
+) -> dict[str, Any]:
+    """Row ``source``'s request (its cache, visible columns and :data:`rows` settings) copied into row
+    ``target``, and ``source`` left finished. The columns are every row's (one clock), so nothing else
+    changes: the request decodes in its new row exactly as in its old one."""
+    parts = {
+        name: jax.tree.map(lambda x: x.at[target].set(x[source]), state[name]) for name in ROW_PARTS
+    }
+    table = parts["rows"]
+    parts["rows"] = {**table, "finished": table["finished"].at[source].set(True)}
+    return {**state, **parts}
+
+
 def restart_program(
     model: Any, state: dict[str, Any], clock: Any, static: Static
 ) -> dict[str, Any]:
@@ -387,6 +402,14 @@ class SlotEngine:
             self.state, self._replicate(np.int32(delta)), static=self._decode_static
         )
         self.clock += delta
+
+    def move(self, source: int, target: int) -> None:
+        """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
+        program = self.model.program("serve_move", move_program, donate=("state",))
+        self.state = program(
+            self.state, *self._replicate((np.int32(source), np.int32(target))),
+            static=self._decode_static,
+        )  # fmt: skip
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
