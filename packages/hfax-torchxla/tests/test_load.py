@@ -88,7 +88,9 @@ def mapped_resident_bytes(path: Path) -> int:
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
-            if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line: range, perms, ..., path
+            if (
+                "-" in fields[0] and len(fields) >= 5
+            ):  # a mapping's first line: range, perms, ..., path
                 inside = fields[-1] == str(path)
             elif inside and fields[0] == "Rss:":
                 total += int(fields[1]) * 1024
