@@ -14,7 +14,7 @@ import transformers
 
 import hfax
 from hfax import checkpoints
-from hfax.testing import save_tiny, tiny_config
+from hfax.testing import mapped_resident_bytes, save_tiny, tiny_config
 
 PROMPT = np.array([[1, 5, 9, 23, 7, 3, 11]])
 
@@ -90,21 +90,6 @@ def test_reader_converts_a_block_of_rows_at_a_time(tmp_path, monkeypatch, stored
     expected = host_array(tensor[1:9, :, 2:6].to(target))
     assert piece.dtype == expected.dtype and piece.ctypes.data % safetensors_reader.ALIGNMENT == 0
     np.testing.assert_array_equal(piece, expected)
-
-
-def mapped_resident_bytes(path) -> int:
-    """Resident bytes of this process's mappings of file ``path`` (``/proc/self/smaps``)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if (
-                "-" in fields[0] and len(fields) >= 5
-            ):  # a mapping's first line: range, perms, ..., path
-                inside = fields[-1] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-    return total
 
 
 def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, monkeypatch):

@@ -17,7 +17,13 @@ import torch
 import transformers
 
 import hfax
-from hfax.testing import as_numpy, assert_same_greedy, spread_weights, tiny_config
+from hfax.testing import (
+    as_numpy,
+    assert_same_greedy,
+    mapped_resident_bytes,
+    spread_weights,
+    tiny_config,
+)
 
 PROMPT = np.array([[1, 5, 9, 23, 7, 3, 11]])
 
@@ -80,21 +86,6 @@ def test_a_model_without_a_family_loads_through_transformers(tmp_path, caplog):
     with torch.no_grad():
         want = reference(input_ids=torch.as_tensor(PROMPT)).logits.numpy()
     np.testing.assert_allclose(as_numpy(model(input_ids=PROMPT).logits), want, atol=1e-4)
-
-
-def mapped_resident_bytes(path: Path) -> int:
-    """Resident bytes of this process's mappings of file ``path`` (``/proc/self/smaps``)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if (
-                "-" in fields[0] and len(fields) >= 5
-            ):  # a mapping's first line: range, perms, ..., path
-                inside = fields[-1] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-    return total
 
 
 def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, monkeypatch):

@@ -416,6 +416,25 @@ def spread_weights(model: Any, seed: int = 0) -> None:
                 parameter.add_(noise * 0.1)
 
 
+def mapped_resident_bytes(path: str | Path) -> int:
+    """Resident bytes of this process's mappings of file ``path``, from ``/proc/self/smaps``.
+
+    The load tests check with it that a reader drops the pages of a mapped checkpoint it has
+    finished with, which the process's peak memory alone would only show for large files.
+    """
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if (
+                "-" in fields[0] and len(fields) >= 5
+            ):  # a mapping's first line: range, perms, ..., path
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
 def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Token lists as one left-padded ``(input_ids, attention_mask)`` batch."""
     width = max(map(len, prompts))
