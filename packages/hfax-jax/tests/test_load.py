@@ -80,7 +80,7 @@ def test_reader_converts_a_block_of_rows_at_a_time(tmp_path, monkeypatch, stored
     from hfax.backends.jax import safetensors_reader
     from hfax.backends.jax.weights import host_array
 
-    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", 3 * 5 * 4)  # 3 rows of float32
+    monkeypatch.setattr(checkpoints, "CONVERT_BLOCK_BYTES", 3 * 5 * 4)  # 3 rows of float32
     tensor = torch.randn(10, 5, 7).to(stored)
     save_file({"t": tensor}, tmp_path / "x.safetensors")
     file = safetensors_reader.SafetensorsFile(str(tmp_path / "x.safetensors"))
@@ -97,10 +97,9 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
 
     from hfax.backends.jax import safetensors_reader
     from hfax.backends.jax.weights import host_array
-    from hfax.checkpoints import MappedFile
 
     block = 1 << 20
-    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", block)
+    monkeypatch.setattr(checkpoints, "CONVERT_BLOCK_BYTES", block)
     tensor = torch.randn(64, 1 << 16)  # 16 MiB of float32
     path = tmp_path / "x.safetensors"
     save_file({"t": tensor}, path)
@@ -110,7 +109,7 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
     file.close()
     np.testing.assert_array_equal(piece, host_array(tensor.to(torch.bfloat16)))
     # Without the drops the whole 16 MiB would stay; what is left is at most one block's edges.
-    assert resident <= 2 * MappedFile.FAULT_AROUND_BYTES, resident
+    assert resident <= 2 * checkpoints.CheckpointFile.FAULT_AROUND_BYTES, resident
 
 
 def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch):
@@ -120,9 +119,7 @@ def test_reader_prefaulted_piece_becomes_the_device_buffer(tmp_path, monkeypatch
     from hfax.backends.jax import safetensors_reader
     from hfax.backends.jax.weights import host_array
 
-    monkeypatch.setattr(
-        safetensors_reader, "PREFAULT_MIN_BYTES", 1
-    )  # every piece on its own mapping
+    monkeypatch.setattr(checkpoints, "PREFAULT_MIN_BYTES", 1)  # every piece on its own mapping
     tensor = torch.randn(8, 5)
     save_file({"t": tensor}, tmp_path / "x.safetensors")
     file = safetensors_reader.SafetensorsFile(str(tmp_path / "x.safetensors"))

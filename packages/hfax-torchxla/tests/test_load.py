@@ -17,6 +17,7 @@ import torch
 import transformers
 
 import hfax
+from hfax import checkpoints
 from hfax.testing import (
     as_numpy,
     assert_same_greedy,
@@ -92,9 +93,8 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
     from safetensors.torch import save_file
 
     from hfax.backends.torchxla import safetensors_reader
-    from hfax.checkpoints import MappedFile
 
-    monkeypatch.setattr(safetensors_reader, "CONVERT_BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(checkpoints, "CONVERT_BLOCK_BYTES", 1 << 20)
     tensor = torch.randn(64, 1 << 16)  # 16 MiB of float32
     path = tmp_path / "x.safetensors"
     save_file({"t": tensor}, path)
@@ -104,4 +104,4 @@ def test_reader_converts_from_the_mapped_file_and_drops_each_block(tmp_path, mon
     file.close()
     assert torch.equal(converted, tensor.to(torch.bfloat16))
     # Without the drops the whole 16 MiB would stay; what is left is at most one block's edges.
-    assert resident <= 2 * MappedFile.FAULT_AROUND_BYTES, resident
+    assert resident <= 2 * checkpoints.CheckpointFile.FAULT_AROUND_BYTES, resident

@@ -16,9 +16,10 @@ import contextlib
 import dataclasses
 import json
 import mmap
+import os
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -135,30 +136,55 @@ def read_header(path: str) -> tuple[int, dict[str, Any]]:
     return 8 + length, header
 
 
-class MappedFile:
-    """A checkpoint file mapped into memory for reads that convert as they go (a backend's
-    ``safetensors_reader``): :meth:`run` lends the stored bytes of a run without copying them, and drops
-    their pages from the process's resident memory once used, so converting a whole checkpoint holds one
-    run's pages besides its result (transformers' mapped loads hold every page they touched).
+#: At most this many stored bytes are converted at once, then dropped from resident memory: what a
+#: converting read holds of the file besides its result (per reading thread). Larger blocks convert faster
+#: (torch splits one conversion over its own threads), smaller ones hold less.
+CONVERT_BLOCK_BYTES = 8 << 20
+#: Buffers this large or larger have their pages allocated before a read fills them (:func:`populated`).
+PREFAULT_MIN_BYTES = 1 << 20
+#: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
-    Mapped copy-on-write and never written: its pages are the page cache's, and numpy and torch take
-    them as writable arrays. One mapping for all the runs, so reading threads fault pages in side by side
-    (a mapping per run serializes them on the process's mmap lock).
+
+class CheckpointFile:
+    """One open safetensors file, as a backend's ``safetensors_reader`` reads it: its header, where its
+    data starts, :meth:`read_into` for bytes kept as stored and :meth:`mapped_run` for bytes converted as
+    they go.
+
+    Not ``safetensors.safe_open``: it maps the file, and every page a read touches stays in the process's
+    resident memory while the file is open, so streaming a checkpoint through it holds the checkpoint
+    twice (the mapped pages and the devices' copy). Bytes kept as stored are read with ``os.preadv``
+    straight into the buffer that becomes the device's (counted by ``/proc/self/io`` ``rchar``). Bytes
+    converted to another dtype are converted from the file's mapping without a copy first, and their
+    pages leave the process's resident memory once converted, so converting a whole checkpoint holds one
+    run's pages besides its result.
+
+    The mapping is copy-on-write and never written: its pages are the page cache's, and numpy and torch
+    take them as writable arrays. One mapping for all the runs, so reading threads fault pages in side by
+    side (a mapping per run serializes them on the process's mmap lock).
     """
 
     #: How far before a faulting page Linux maps the file's cached pages along with it ("fault-around",
     #: 64 KiB by default): a run's first fault maps pages of the run before, which its drop covers again.
     FAULT_AROUND_BYTES = 64 << 10
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        self.data_start, self.header = read_header(path)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)
 
     def close(self) -> None:
         self.mapped.close()
+        os.close(self.fd)
+
+    def read_into(self, key: str, buffer: memoryview, position: int) -> None:
+        """Fill ``buffer`` with the bytes at file ``position`` (of tensor ``key``)."""
+        if buffer.nbytes and os.preadv(self.fd, [buffer], position) != buffer.nbytes:
+            raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
 
     @contextlib.contextmanager
-    def run(self, position: int, nbytes: int, key: str) -> Iterator[np.ndarray]:
+    def mapped_run(self, position: int, nbytes: int, key: str) -> Iterator[np.ndarray]:
         """The ``nbytes`` bytes at file ``position`` (of tensor ``key``) as a uint8 array, valid inside the
         ``with`` block; their pages, and those fault-around mapped before them, are dropped after it (the
         page cache keeps them; a page another thread still reads is faulted in again)."""
@@ -168,6 +194,36 @@ class MappedFile:
         yield np.frombuffer(self.mapped, np.uint8, nbytes, position)
         first = max(0, position // mmap.PAGESIZE * mmap.PAGESIZE - self.FAULT_AROUND_BYTES)
         self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+File = TypeVar("File", bound=CheckpointFile)
+
+
+@contextlib.contextmanager
+def open_files(checkpoint: Checkpoint, reader: type[File]) -> Iterator[dict[str, File]]:
+    """Each file of ``checkpoint`` opened as ``reader`` (a backend's :class:`CheckpointFile`), by path;
+    all closed when the block ends."""
+    files: dict[str, File] = {}
+    try:
+        for file in checkpoint.files:
+            files[file] = reader(file)
+        yield files
+    finally:
+        for opened in files.values():
+            opened.close()
+
+
+def populated(nbytes: int) -> mmap.mmap | None:
+    """For a buffer of ``PREFAULT_MIN_BYTES`` or more, an anonymous mapping whose pages are all allocated
+    now by one ``madvise(MADV_POPULATE_WRITE)``, not by one page fault per 4 KiB page while a read fills
+    it (slow on this kind of VM); page-aligned. None for a smaller buffer. The array made of it keeps it
+    alive, and it is unmapped with the array."""
+    if nbytes < PREFAULT_MIN_BYTES:
+        return None
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # Linux before 5.14: the read faults the pages in
+        region.madvise(MADV_POPULATE_WRITE)
+    return region
 
 
 def _checkpoint_keys(files: list[str]) -> dict[str, tuple[str, tuple[int, ...]]]:

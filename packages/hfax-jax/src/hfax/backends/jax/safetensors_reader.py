@@ -1,26 +1,22 @@
-"""Reading index ranges of safetensors tensors with ``pread``: the bytes of one device's piece and no more.
+"""Reading index ranges of safetensors tensors: the bytes of one device's piece and no more.
 
 ``safetensors``' own ``get_slice`` reads the whole tensor when the file is not memory-mapped, and a
 memory-mapped file keeps every page it touched resident until it is closed (a second copy of the model
-in the process's resident memory). Here each piece is read by ``os.preadv`` straight into the array
-that holds it: one read per contiguous run of its bytes, nothing read twice. A piece converted to another
-dtype is converted from a read-only mapping of the file instead (its stored bytes are never copied into a
-buffer first), and each block's pages leave the process's resident memory once converted.
+in the process's resident memory). Here each piece is read straight into the array that holds it, one
+read per contiguous run of its bytes, nothing read twice; a piece converted to another dtype is
+converted from the file's mapping a block at a time (:class:`hfax.checkpoints.CheckpointFile`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import mmap
-import os
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax.checkpoints import MappedFile, read_header
+from hfax import checkpoints
 
 #: safetensors dtype names as numpy dtypes (bfloat16 and float8 as JAX has them).
 DTYPES = {
@@ -48,28 +44,10 @@ TORCH_VIEWS = {
 
 #: The alignment XLA's CPU client needs to use a host buffer in place.
 ALIGNMENT = 64
-#: At most this many stored bytes are converted at once, then dropped from resident memory: the pages of
-#: the file's mapping each reading thread holds besides the weights. Larger blocks convert faster (torch
-#: splits one conversion over its own threads), smaller ones hold less.
-CONVERT_BLOCK_BYTES = 8 << 20
-#: Arrays this large or larger have their pages allocated before they are read into (see :func:`empty`).
-PREFAULT_MIN_BYTES = 1 << 20
-#: Linux's ``madvise`` advice that allocates a mapping's pages now (Python's ``mmap`` does not name it).
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
-class SafetensorsFile:
+class SafetensorsFile(checkpoints.CheckpointFile):
     """One open safetensors file: its header, and ``read(key, index)`` for any box of any tensor."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.data_start, self.header = read_header(path)
-        self.fd = os.open(path, os.O_RDONLY)
-        self.mapped = MappedFile(path, self.fd)  # what converting reads read from
-
-    def close(self) -> None:
-        self.mapped.close()
-        os.close(self.fd)
 
     def read(self, key: str, index: tuple[slice, ...] = (), dtype: Any = None) -> np.ndarray:
         """Tensor ``key``'s box ``index`` (unit-step slices, one per leading dimension) as a new array,
@@ -89,14 +67,14 @@ class SafetensorsFile:
             self._read_box(key, bounds, block)
             _convert(out, block)
             return out
-        rows = max(1, CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
+        rows = max(1, checkpoints.CONVERT_BLOCK_BYTES // max(1, out[:1].size * stored.itemsize))
         start, stop = bounds[0]
         begin = self.data_start + entry["data_offsets"][0]
         for first in range(start, stop, rows):
             part = [(first, min(first + rows, stop)), *bounds[1:]]
             block = out[first - start : part[0][1] - start]
             for position, run in _runs(shape, part, stored.itemsize, begin, block):
-                with self.mapped.run(position, run.size * stored.itemsize, key) as raw:
+                with self.mapped_run(position, run.size * stored.itemsize, key) as raw:
                     _convert(run, raw.view(stored))
         return out
 
@@ -106,9 +84,7 @@ class SafetensorsFile:
             return
         begin = self.data_start + entry["data_offsets"][0]
         for position, run in _runs(tuple(entry["shape"]), bounds, out.itemsize, begin, out):
-            view = memoryview(run.view(np.uint8))
-            if os.preadv(self.fd, [view], position) != view.nbytes:
-                raise OSError(f"{self.path} ends inside tensor {key!r}: the file is truncated")
+            self.read_into(key, memoryview(run.view(np.uint8)), position)
 
 
 def _convert(out: np.ndarray, block: np.ndarray) -> None:
@@ -137,17 +113,11 @@ def _as_torch(array: np.ndarray) -> torch.Tensor | None:
 def empty(shape: list[int] | tuple[int, ...], dtype: Any) -> np.ndarray:
     """A new array whose data starts on a 64-byte boundary: JAX's CPU client then keeps it as the device
     buffer instead of copying it (numpy's own allocations are 16-byte aligned: a copy, twice the bytes).
-
-    Arrays of ``PREFAULT_MIN_BYTES`` or more get their own anonymous mapping whose pages are all
-    allocated by one ``madvise(MADV_POPULATE_WRITE)`` before the read fills them, not by one page fault
-    per 4 KiB page during it. The array keeps the mapping alive; it is unmapped with the array.
-    """
+    A large one has its pages allocated before the read fills them (:func:`hfax.checkpoints.populated`)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes >= PREFAULT_MIN_BYTES:
-        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(OSError):  # Linux before 5.14: the read faults the pages in
-            region.madvise(MADV_POPULATE_WRITE)
+    region = checkpoints.populated(nbytes)
+    if region is not None:
         return np.frombuffer(region, dtype).reshape(shape)  # page-aligned
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT

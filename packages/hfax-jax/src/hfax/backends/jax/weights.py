@@ -4,8 +4,7 @@ read from the safetensors checkpoint straight into each device's piece), and bac
 from __future__ import annotations
 
 import collections
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
+from hfax import checkpoints
 from hfax.backends.jax.mesh import partition, place
 from hfax.backends.jax.runtime import to_tensor
 from hfax.backends.jax.safetensors_reader import SafetensorsFile
@@ -74,7 +74,10 @@ def load_weights(
         for name, tensor in _distinct_tensors(model).items()
         if tensor.device.type == "meta"
     }
-    with _open_files(checkpoint) as files, ThreadPoolExecutor(READ_THREADS) as pool:
+    with (
+        checkpoints.open_files(checkpoint, SafetensorsFile) as files,
+        ThreadPoolExecutor(READ_THREADS) as pool,
+    ):
         ahead = ReadAhead(pool)
         for name, tensor in meta.items():
             source = checkpoint.sources[name]
@@ -179,18 +182,6 @@ def _sharding(plan: Any, name: str, tensor: torch.Tensor, mesh: Any) -> Any:
     if mesh is None:
         return SingleDeviceSharding(jax.config.jax_default_device or jax.local_devices()[0])
     return NamedSharding(mesh, partition(plan, name, tuple(tensor.shape), dict(mesh.shape)))
-
-
-@contextlib.contextmanager
-def _open_files(checkpoint: Checkpoint) -> Iterator[dict[str, SafetensorsFile]]:
-    files: dict[str, SafetensorsFile] = {}
-    try:
-        for file in checkpoint.files:
-            files[file] = SafetensorsFile(file)
-        yield files
-    finally:
-        for opened in files.values():
-            opened.close()
 
 
 def _install(

@@ -16,7 +16,7 @@ import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 import torch_xla.utils.dlpack as xla_dlpack
 
-from hfax import tensors
+from hfax import checkpoints, tensors
 from hfax.backends.torchxla import runtime
 from hfax.backends.torchxla.safetensors_reader import SafetensorsFile
 from hfax.checkpoints import Checkpoint
@@ -85,10 +85,7 @@ def load_weights(
     and splits it there (``xs.mark_sharding``); reading only a process's shards would need a sharded
     tensor built from per-device pieces (docs/SHARDING.md).
     """
-    files: dict[str, SafetensorsFile] = {}
-    try:
-        for file in checkpoint.files:
-            files[file] = SafetensorsFile(file)
+    with checkpoints.open_files(checkpoint, SafetensorsFile) as files:
 
         def read(name: str, tensor: torch.Tensor) -> torch.Tensor:
             if tensor.device.type != "meta":
@@ -97,9 +94,6 @@ def load_weights(
             return files[source.file].read(source.key, tensor.dtype)
 
         return _place(model, plan, mesh, read, fresh=True)
-    finally:
-        for opened in files.values():
-            opened.close()
 
 
 def _place(
