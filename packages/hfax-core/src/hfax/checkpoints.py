@@ -8,6 +8,10 @@ non-persistent buffers (rotary ``inv_freq``, embedding scales) are computed by t
 more (a ``WeightConverter`` merging or splitting tensors, a quantization config, keys transformers would
 initialize at random, GGUF or ``.bin`` files) is not streamable: :func:`find_checkpoint` says why and
 the caller takes transformers' path.
+
+:class:`CheckpointFile` is one open checkpoint file as both backends' ``safetensors_reader`` read it: the
+reading that holds the least memory (a read straight into the device's buffer, or a conversion from the
+file's mapping whose pages are dropped as it goes) is the same whatever array type the bytes end in.
 """
 
 from __future__ import annotations
