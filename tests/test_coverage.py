@@ -197,3 +197,31 @@ def test_a_worker_near_its_compile_budget_is_replaced():
     worker.programs = 0
     worker.tasks = 20
     assert worker.spent(tasks_per_worker=20)
+
+
+def test_a_padded_row_is_checked_against_the_row_alone_where_transformers_padded_row_is_wrong(
+    tmp_path,
+):
+    import coverage_checks
+    import numpy as np
+    import pytest
+
+    import hfax
+
+    # git's tiny model: transformers' own left-padded row differs from the same prompt generated alone.
+    ref = coverage_checks._reference("causal", "git", str(tmp_path))
+    padded_row = ref["tokens"][1, ref["start"] :].numpy()
+    assert ref["alone"] is not None and not np.array_equal(padded_row, ref["alone"])
+    checks = {
+        name: check
+        for name, check, _ in coverage_checks._backend_checks(
+            hfax, "causal", "jax", str(tmp_path), ref
+        )
+    }
+    checks["load"]()
+    checks["padded"]()  # hfax's row equals the row alone
+    ref["alone"] = ref["alone"][
+        ::-1
+    ].copy()  # a row alone that hfax's does not equal: the check fails
+    with pytest.raises(coverage_checks.Mismatch, match="tokens differ"):
+        checks["padded"]()

@@ -553,7 +553,9 @@ def render(document: dict[str, Any]) -> str:
         "- **jit**: the compiled forward `model(...)`, the same comparison.",
         "- **generate**: greedy `model.generate` (prefill and the whole decode loop in one compiled program, "
         "slot KV cache) gives transformers' tokens, 12 new tokens, for the unpadded prompt of the batch.",
-        "- **padded**: the same for the left-padded prompt of the batch.",
+        "- **padded**: the same for the left-padded prompt of the batch. Where transformers' own padded row "
+        "differs from the same prompt generated alone (its padding leaks into the row), the row alone is the "
+        "reference: the tokens the attention mask asks for.",
         "- **sharded**: loaded over an 8-device mesh (`hfax.make_mesh(model=8)`, CPU devices) and run again "
         "(generate, or the forward for encoders). Not run on torch_xla: PyTorch/XLA chooses SPMD before a "
         "process's first computation, so a mesh needs a process of its own (hfax-torchxla's tests run it).",
