@@ -49,3 +49,21 @@ def test_a_forward_is_one_program_per_shape_without_host_syncs(tiny):
     before = runtime.counters()
     model(input_ids=IDS[:, 2:7], attention_mask=np.ones_like(mask[:, :5])).logits.cpu()
     assert runtime.counters() - before == runtime.Counters(0, 0.0, {})
+
+
+def test_xlnet_keeps_its_memory_though_torch_xla_refuses_slices_from_before_the_start(tmp_path):
+    # XLNet keeps the last mem_len (512) positions with `x[-512:]`, which torch_xla 2.9 refuses for
+    # fewer than 512 positions; hfax binds a clamped form (clamped_slices.py).
+    import transformers
+
+    import hfax
+    from hfax.testing import assert_same_logits, save_tiny
+
+    config = transformers.XLNetConfig(
+        d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=128, mem_len=512
+    )
+    reference = save_tiny(config, tmp_path, spread=True)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="torch_xla")
+    assert_same_logits(model, reference, [[5, 9, 23, 7, 3], [17, 2, 8]])
+    mems = model(input_ids=IDS, use_mems=True).mems
+    assert [tuple(mem.shape) for mem in mems] == [(IDS.shape[1], 2, 64)] * 2

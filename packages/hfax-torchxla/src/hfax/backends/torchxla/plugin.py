@@ -27,13 +27,15 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     one (see :mod:`hfax.backends.torchxla.linear`); transformers' expert layers run every expert on every
     token instead of its grouped path, whose token counts torch_xla cannot compute (:mod:`hfax.experts`).
     Models that read a size from an input in Python get it as a Python value
-    (:data:`hfax.backends.torchxla.size_reads.SIZE_READS`)."""
+    (:data:`hfax.backends.torchxla.size_reads.SIZE_READS`), and those that slice from before a tensor's
+    start clamp the slice themselves (:data:`hfax.backends.torchxla.clamped_slices.CLAMPED_SLICES`)."""
     if backend != NAME:
         return
     from hfax import experts
-    from hfax.backends.torchxla import linear, size_reads
+    from hfax.backends.torchxla import clamped_slices, linear, size_reads
 
     patcher.bind_by_class(model, size_reads.SIZE_READS)
+    patcher.bind_by_class(model, clamped_slices.CLAMPED_SLICES)
     linear.patch(model, patcher)
     experts.use_every_expert(model, patcher)
 
