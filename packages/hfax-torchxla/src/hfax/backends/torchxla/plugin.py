@@ -82,11 +82,15 @@ def hfax_compile_step(
 ) -> Callable[..., Any] | None:
     """``torch.compile(fn, backend="openxla")``: dynamo traces the step once per shape and Python constants
     (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA program
-    without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in place."""
+    without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in place.
+    A call that fails leaves the process working (:func:`hfax.backends.torchxla.runtime.flushed_on_failure`)."""
     if backend != NAME:
         return None
     import torch
 
+    from hfax.backends.torchxla import runtime
+
     # The decode step must be one graph; a forward may break where a model does something dynamo cannot
     # trace (the pieces still run on XLA).
-    return torch.compile(fn, backend="openxla", fullgraph=name != "forward", dynamic=False)
+    compiled = torch.compile(fn, backend="openxla", fullgraph=name != "forward", dynamic=False)
+    return runtime.flushed_on_failure(compiled)

@@ -1,5 +1,6 @@
 """The PyTorch/XLA runtime as hfax uses it: started once (SPMD or not, persistent compilation cache),
-and what it reports about compilation and CPU fallbacks.
+what it reports about compilation and CPU fallbacks, and compiled calls that leave nothing broken behind
+when they fail.
 
 Two choices must come before the first XLA computation of the process and cannot be undone: SPMD mode
 (``torch_xla.runtime.use_spmd``) and the persistent cache (``torch_xla.runtime.initialize_cache``). hfax
@@ -9,9 +10,12 @@ SPMD.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import threading
+from typing import Any, Callable
 
 import torch
 import torch_xla
@@ -105,3 +109,25 @@ def counters() -> Counters:
         if name.startswith("aten::")
     }
     return Counters(compiles, nanoseconds / 1e9, fallbacks)
+
+
+def flushed_on_failure(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` (a ``torch.compile``d step) that, when a call fails, syncs what it left pending first.
+
+    A call that fails inside torch_xla 2.9's dynamo bridge (a graph break it cannot resume, e.g. in
+    Reformer's forward) can leave live tensors holding a graph that a program compiled during the failed
+    trace claims by hash but does not fit: the next sync fails with "Execution supplied 19 buffers but
+    compiled program expected 18 buffers", in whichever model's call makes it. Syncing here spends that
+    error inside the call that caused it (the call's own error is the one raised), and the process keeps
+    working."""
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception:
+            with contextlib.suppress(RuntimeError):
+                torch_xla.sync()
+            raise
+
+    return call
