@@ -108,13 +108,26 @@ MIXTURE_OF_EXPERTS = {
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
     ),
+    # experts and a mixture of attention heads, whose tokens hfax-core's gating sorts by expert
+    "jetmoe": lambda: transformers.JetMoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_key_value_heads=2,
+        kv_channels=8,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MIXTURE_OF_EXPERTS))
 def test_mixture_of_experts(name, tmp_path):
-    # transformers' grouped experts count tokens with an integer histc torch_xla cannot run; hfax runs every
-    # expert on every token and weights them by the router: the forward and the tokens stay transformers'.
+    # transformers' grouped experts count tokens with an integer histc torch_xla cannot run, and JetMoE
+    # splits its tokens by a Python list of counts; hfax runs every expert on every token and weights them
+    # by the router: the forward and the tokens stay transformers'.
     reference, model = load(MIXTURE_OF_EXPERTS[name](), tmp_path)
     ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
     expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits

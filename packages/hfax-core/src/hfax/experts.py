@@ -135,7 +135,10 @@ def jetmoe_gating(self: Any, hidden_states: Any) -> Any:
         top_gates.shape[0], self.num_experts, dtype=torch.long, device=logits.device
     )
     expert_size = chosen.scatter(1, top_indices, 1).sum(0)
-    _, index_sorted_experts = top_indices.flatten().sort(0)
+    _, order = top_indices.flatten().sort(0)
+    # JetMoE's `map` passes these to `index_add`. torch_xla 2.9 aborts the process there (an XLA shape
+    # check) when the index is `sort`'s own output in the same graph; an operation between them avoids it.
+    index_sorted_experts = order + 0
     batch_index = index_sorted_experts.div(self.top_k, rounding_mode="trunc")
     batch_gates = top_gates.flatten()[index_sorted_experts]
     return index_sorted_experts, batch_index, batch_gates, expert_size, logits
