@@ -145,3 +145,15 @@ def test_a_model_checking_its_lengths_in_python_compiles(tmp_path, config_class)
     got = np.asarray(model(input_ids=ids, attention_mask=mask).logits)
     real = mask.astype(bool)
     np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+
+
+def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_path):
+    # transformers' Longformer branches on `.item()` and lists its global tokens with `nonzero`, and its
+    # mask is written through a view by a boolean index: hfax.longformer and the view lowering.
+    import hfax
+    from hfax.testing import longformer_batch
+
+    expected, inputs, real = longformer_batch(tmp_path)
+    model = hfax.AutoModelForMaskedLM.from_pretrained(str(tmp_path), backend="jax")
+    for logits in (model(**inputs).logits, model.apply(model.params, **inputs).logits):
+        np.testing.assert_allclose(np.asarray(logits)[real], expected[real], atol=1e-4, rtol=0)

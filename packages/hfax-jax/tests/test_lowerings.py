@@ -60,6 +60,31 @@ def test_copy_from_a_view():
     np.testing.assert_array_equal(copied, [[2, 3, 4], [7, 8, 9]])
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_boolean_mask_writes_through_a_view_like_pytorch(compiled):
+    # Longformer's `extended_mask[:, 0, 0, :][attention_mask == 2] = max`: the write reaches the source,
+    # eagerly and inside jax.jit (where a boolean index has no static shape).
+    import jax
+
+    source = torch.arange(24.0).reshape(2, 3, 4)
+    mask = torch.tensor([[True, False, False, True], [False, True, False, False]])
+
+    def write(values, where):
+        values[:, 0, :][where] = -1.0
+        values[:, 1][where[:, :1].expand(2, 4)] = 7.0
+        return values
+
+    expected = write(source.clone(), mask).numpy()
+
+    def on_torchax(values, where):
+        with env():
+            return to_array(write(to_tensor(values), to_tensor(where)))
+
+    run = jax.jit(on_torchax) if compiled else on_torchax
+    written = run(jax.numpy.asarray(source.numpy()), jax.numpy.asarray(mask.numpy()))
+    np.testing.assert_array_equal(np.asarray(written), expected)
+
+
 def test_type_as_converts_a_copy_and_takes_a_view():
     import jax.numpy as jnp
 

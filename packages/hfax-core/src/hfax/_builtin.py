@@ -13,13 +13,15 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, JetMoE,
     X-MOD's language adapters) run every expert with static shapes instead, on every backend
     (:mod:`hfax.experts`), sparse-attention indexers that loop over the queries choose their keys with
-    static shapes too (:mod:`hfax.sparse_attention`), and ProphetNet's decoder decodes over a static cache
-    (:mod:`hfax.prophetnet`)."""
-    from hfax import experts, prophetnet, sparse_attention
+    static shapes too (:mod:`hfax.sparse_attention`), ProphetNet's decoder decodes over a static cache
+    (:mod:`hfax.prophetnet`) and Longformer's attention runs without data-dependent shapes
+    (:mod:`hfax.longformer`)."""
+    from hfax import experts, longformer, prophetnet, sparse_attention
 
     patcher.bind_by_class(model, experts.LOOPS)
     patcher.bind_by_class(model, sparse_attention.LOOPS)
     patcher.bind_by_class(model, prophetnet.DECODE)
+    patcher.bind_by_class(model, longformer.STATIC)
 
 
 @hookimpl(trylast=True)

@@ -446,6 +446,26 @@ def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.nda
     return ids, mask
 
 
+def longformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """A tiny Longformer masked LM saved to ``directory`` whose attention window (4 tokens) is shorter than
+    its batch, and a left-padded batch whose rows hold different numbers of global tokens: transformers'
+    logits for it, the inputs, and the mask of real tokens."""
+    import transformers
+
+    config = transformers.LongformerConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=128, attention_window=4, max_position_embeddings=64, pad_token_id=0,
+    )  # fmt: skip
+    reference = save_tiny(config, directory, "AutoModelForMaskedLM", spread=True)
+    ids, mask = left_padded([list(range(5, 22)), list(range(30, 41))])
+    global_tokens = np.zeros_like(mask)
+    global_tokens[0, [0, 7, 12]] = 1
+    global_tokens[1, 9] = 1
+    inputs = {"input_ids": ids, "attention_mask": mask, "global_attention_mask": global_tokens}
+    expected = reference_forward(reference, **inputs).logits.float().numpy()
+    return expected, inputs, mask.astype(bool)
+
+
 def reference_forward(model: Any, **inputs: Any) -> Any:
     """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
     import torch

@@ -262,6 +262,38 @@ def type_as(self: Any, other: Any) -> Any:
 METHODS: dict[str, Callable[..., Any]] = {"type_as": type_as}
 
 
+def _masked_view_writes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``view[mask] = value`` (Longformer's ``extended_mask[:, 0, 0, :][attention_mask == 2] = max``).
+    torchax's view hands the index tensor to JAX's indexing unconverted, which refuses it; converted, a
+    boolean mask would still select a data-dependent number of elements, which no compiled program has.
+    A mask over the view's leading dimensions with one value becomes a ``where`` over the whole view, as
+    torchax's own Tensor does it; any other index is torchax's, given JAX arrays."""
+
+    def setitem(self: Any, key: Any, value: Any) -> None:
+        key, value = self._env.t2j_iso((key, value))
+        mask = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+        shape = tuple(self.shape)
+        if (
+            isinstance(mask, jax.Array)
+            and mask.dtype == jnp.bool_
+            and tuple(mask.shape) == shape[: mask.ndim]
+            and jnp.ndim(value) == 0
+        ):
+            current = self.jax()
+            mask = mask.reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
+            self.update(new_values=jnp.where(mask, jnp.asarray(value, current.dtype), current))
+            return
+        original(self, key, value)
+
+    return setitem
+
+
+#: Methods of torchax's View class (a tensor that writes through to its source) and what wraps them.
+VIEW_METHODS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "__setitem__": _masked_view_writes
+}
+
+
 def _attend_written(
     query: Any,
     key: Any,
@@ -289,12 +321,18 @@ TORCH_LOWERINGS: dict[Any, Callable[..., Any]] = {
 }
 
 
-def install(environment: Any, tensor_class: Any = None) -> None:
+def install(environment: Any, tensor_class: Any = None, view_class: Any = None) -> None:
     """Register :data:`LOWERINGS` (after :data:`TORCH_LOWERINGS`) and :data:`WRAPPED` in a torchax environment,
-    and :data:`METHODS` on its ``tensor_class`` (idempotent)."""
+    :data:`METHODS` on its ``tensor_class`` and :data:`VIEW_METHODS` on its ``view_class`` (idempotent)."""
     for name, method in METHODS.items():
         if tensor_class is not None:
             setattr(tensor_class, name, method)
+    for name, wrap in VIEW_METHODS.items():
+        original = getattr(view_class, name, None)
+        if original is not None and not getattr(original, "hfax_wrapped", False):
+            wrapped = wrap(original)
+            wrapped.hfax_wrapped = True
+            setattr(view_class, name, wrapped)
 
     def lowered(function: Any, fn: Callable[..., jax.Array]) -> Callable[..., Any]:
         first = TORCH_LOWERINGS.get(function)

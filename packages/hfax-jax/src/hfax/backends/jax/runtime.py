@@ -17,7 +17,7 @@ torchax = import_torchax()  # the only import of torchax in hfax: it must go thr
 def env() -> Any:
     """torchax's environment: inside ``with env():`` torch operations on torchax tensors run as JAX."""
     environment = torchax.default_env()
-    lowerings.install(environment, torchax.tensor.Tensor)
+    lowerings.install(environment, torchax.tensor.Tensor, torchax.view.View)
     return environment
 
 
