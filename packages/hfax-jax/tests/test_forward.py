@@ -157,3 +157,27 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
     model = hfax.AutoModelForMaskedLM.from_pretrained(str(tmp_path), backend="jax")
     for logits in (model(**inputs).logits, model.apply(model.params, **inputs).logits):
         np.testing.assert_allclose(np.asarray(logits)[real], expected[real], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
+    # transformers selects the <eos> states with a boolean index, a data-dependent shape: hfax.eos_pooling
+    # gathers each row's last one, and refuses the batches transformers refuses before compiling.
+    import hfax
+    from hfax.testing import eos_classifier, reference_forward
+
+    reference, inputs = eos_classifier(tmp_path, family)
+    expected = reference_forward(reference, **inputs)
+    model = hfax.AutoModelForSequenceClassification.from_pretrained(str(tmp_path), backend="jax")
+    output = model(**inputs)
+    np.testing.assert_allclose(
+        np.asarray(output.logits), expected.logits.numpy(), atol=1e-4, rtol=0
+    )
+    np.testing.assert_allclose(float(output.loss), float(expected.loss), atol=1e-4, rtol=0)
+    uneven = inputs["input_ids"].copy()
+    uneven[0, -2] = 9  # row 0 keeps one <eos>, row 1 two
+    with pytest.raises(ValueError, match="same number of <eos> tokens"):
+        model(**{**inputs, "input_ids": uneven})
+    np.testing.assert_allclose(
+        np.asarray(model(**inputs).logits), expected.logits.numpy(), atol=1e-4, rtol=0
+    )

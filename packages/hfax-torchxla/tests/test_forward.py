@@ -81,6 +81,29 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
     np.testing.assert_allclose(logits[real], expected[real], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
+    # hfax.eos_pooling gathers each row's last <eos> state instead of transformers' boolean index, and
+    # refuses the batches transformers refuses before compiling.
+    import hfax
+    from hfax.testing import eos_classifier, reference_forward
+
+    reference, inputs = eos_classifier(tmp_path, family)
+    expected = reference_forward(reference, **inputs)
+    model = hfax.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path), backend="torch_xla"
+    )
+    output = model(**inputs)
+    np.testing.assert_allclose(as_numpy(output.logits), expected.logits.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        float(as_numpy(output.loss)), float(expected.loss), atol=1e-4, rtol=0
+    )
+    uneven = inputs["input_ids"].copy()
+    uneven[0, -2] = 9  # row 0 keeps one <eos>, row 1 two
+    with pytest.raises(ValueError, match="same number of <eos> tokens"):
+        model(**{**inputs, "input_ids": uneven})
+
+
 def test_a_forward_that_fails_inside_torch_xla_leaves_the_next_call_working(tiny, tmp_path):
     # Reformer's forward breaks the dynamo graph where torch_xla 2.9's bridge cannot resume it, leaving a
     # pending graph whose cached program does not fit it; the next sync anywhere used to fail on it.

@@ -14,14 +14,16 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     X-MOD's language adapters) run every expert with static shapes instead, on every backend
     (:mod:`hfax.experts`), sparse-attention indexers that loop over the queries choose their keys with
     static shapes too (:mod:`hfax.sparse_attention`), ProphetNet's decoder decodes over a static cache
-    (:mod:`hfax.prophetnet`) and Longformer's attention runs without data-dependent shapes
-    (:mod:`hfax.longformer`)."""
-    from hfax import experts, longformer, prophetnet, sparse_attention
+    (:mod:`hfax.prophetnet`), Longformer's attention runs without data-dependent shapes
+    (:mod:`hfax.longformer`) and encoder-decoder classifiers gather each row's last ``<eos>`` state
+    (:mod:`hfax.eos_pooling`)."""
+    from hfax import eos_pooling, experts, longformer, prophetnet, sparse_attention
 
     patcher.bind_by_class(model, experts.LOOPS)
     patcher.bind_by_class(model, sparse_attention.LOOPS)
     patcher.bind_by_class(model, prophetnet.DECODE)
     patcher.bind_by_class(model, longformer.STATIC)
+    patcher.bind_by_class(model, eos_pooling.STATIC)
 
 
 @hookimpl(trylast=True)

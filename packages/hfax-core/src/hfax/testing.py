@@ -466,6 +466,30 @@ def longformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.nd
     return expected, inputs, mask.astype(bool)
 
 
+def eos_classifier(directory: str | Path, family: str) -> tuple[Any, dict[str, np.ndarray]]:
+    """A tiny ``BartForSequenceClassification`` (``family="bart"``) or ``T5ForSequenceClassification``
+    (``"t5"``) saved to ``directory``, and a left-padded batch whose rows hold two ``<eos>`` each, at
+    different positions: the reference model and the inputs (with integer labels)."""
+    import transformers
+
+    if family == "bart":
+        config = transformers.BartConfig(
+            d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
+            max_position_embeddings=64, num_labels=3, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        )  # fmt: skip
+    else:
+        config = transformers.T5Config(
+            d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=128, num_labels=3,
+            pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+        )  # fmt: skip
+    reference = save_tiny(config, directory, "AutoModelForSequenceClassification", spread=True)
+    ids, mask = left_padded(
+        [[5, 9, 2, 23, 7, 44, 2, 6], [17, 2, 8, 2, 30]], pad_token_id=config.pad_token_id
+    )
+    return reference, {"input_ids": ids, "attention_mask": mask, "labels": np.array([2, 0])}
+
+
 def reference_forward(model: Any, **inputs: Any) -> Any:
     """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
     import torch

@@ -80,14 +80,25 @@ def check_mask(value: Any, ids_shape: tuple[int, ...] | None) -> None:
         )
 
 
-def check_forward_inputs(inputs: dict[str, Any], vocab_size: int | None) -> None:
-    """The forward's keyword arguments: token ids and the attention mask that goes with them."""
+def check_forward_inputs(
+    inputs: dict[str, Any], vocab_size: int | None, module: Any = None
+) -> None:
+    """The forward's keyword arguments: token ids and the attention mask that goes with them, and what
+    ``module`` (the PyTorch model) checks of its ids in Python, which its compiled forward cannot."""
     for name in ID_ARGUMENTS:
         if inputs.get(name) is not None:
             check_ids(name, inputs[name], vocab_size)
     if inputs.get("attention_mask") is not None:
         ids = inputs.get("input_ids")
         check_mask(inputs["attention_mask"], tuple(ids.shape) if ids is not None else None)
+    if module is not None and inputs.get("input_ids") is not None:
+        from hfax import eos_pooling
+
+        try:
+            ids = host_array(inputs["input_ids"])
+        except Exception:  # noqa: BLE001 - traced by the caller's jax.jit: its values are unknown
+            return
+        eos_pooling.check_eos_counts(module, ids)
 
 
 def vocab_size(module: Any) -> int | None:

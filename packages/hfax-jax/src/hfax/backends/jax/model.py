@@ -130,7 +130,7 @@ class JaxModel(BackendModel):
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Run the compiled forward. Arrays may be numpy, JAX or torch; integer ids stay integers."""
         inputs = self.named_inputs(args, inputs)
-        validation.check_forward_inputs(inputs, validation.vocab_size(self.module))
+        validation.check_forward_inputs(inputs, validation.vocab_size(self.module), self.module)
         inputs = model_inputs.with_positions(self.module, inputs)
         arrays, static = {}, {}
         ids_shape = np.shape(inputs["input_ids"]) if "input_ids" in inputs else None

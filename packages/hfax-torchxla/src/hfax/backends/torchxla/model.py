@@ -60,7 +60,7 @@ class TorchXlaModel(BackendModel):
         """Run the forward on the XLA device. Arrays may be numpy or torch tensors on any device."""
         device = runtime.device()
         inputs = self.named_inputs(args, inputs)
-        validation.check_forward_inputs(inputs, validation.vocab_size(self.module))
+        validation.check_forward_inputs(inputs, validation.vocab_size(self.module), self.module)
         inputs = {name: _to_device(value, device) for name, value in inputs.items()}
         with torch.no_grad():
             return self.program("forward", _forward)(self.module, inputs)
