@@ -1,4 +1,4 @@
-"""Encoder-decoder generate (T5, BART): the encoder runs once, the decoder's loop is compiled with the rest,
+"""Encoder-decoder generate (T5, BART, LED, T5Gemma): the encoder runs once, the decoder's loop is compiled with the rest,
 and the tokens are transformers' own."""
 
 from __future__ import annotations
@@ -57,6 +57,24 @@ CONFIGS = {
         eos_token_id=2,
         decoder_start_token_id=2,
         forced_bos_token_id=1,
+    ),
+    # Longformer's windowed attention in the encoder, a window shorter than the sources (hfax.longformer).
+    "led": lambda: transformers.LEDConfig(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_encoder_position_embeddings=64,
+        max_decoder_position_embeddings=64,
+        attention_window=4,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
     ),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(

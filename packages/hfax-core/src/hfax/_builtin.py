@@ -15,15 +15,17 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     (:mod:`hfax.experts`), sparse-attention indexers that loop over the queries choose their keys with
     static shapes too (:mod:`hfax.sparse_attention`), ProphetNet's decoder decodes over a static cache
     (:mod:`hfax.prophetnet`), Longformer's attention runs without data-dependent shapes
-    (:mod:`hfax.longformer`) and encoder-decoder classifiers gather each row's last ``<eos>`` state
-    (:mod:`hfax.eos_pooling`)."""
-    from hfax import eos_pooling, experts, longformer, prophetnet, sparse_attention
+    (:mod:`hfax.longformer`), encoder-decoder classifiers gather each row's last ``<eos>`` state
+    (:mod:`hfax.eos_pooling`) and decoders that drop their mask on one-token steps get it back
+    (:mod:`hfax.step_masks`)."""
+    from hfax import eos_pooling, experts, longformer, prophetnet, sparse_attention, step_masks
 
     patcher.bind_by_class(model, experts.LOOPS)
     patcher.bind_by_class(model, sparse_attention.LOOPS)
     patcher.bind_by_class(model, prophetnet.DECODE)
     patcher.bind_by_class(model, longformer.STATIC)
     patcher.bind_by_class(model, eos_pooling.STATIC)
+    patcher.bind_by_class(model, step_masks.STEPS)
 
 
 @hookimpl(trylast=True)

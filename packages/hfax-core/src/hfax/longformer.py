@@ -1,4 +1,4 @@
-"""Longformer's attention with static shapes, on every backend.
+"""Longformer's attention (and LED's encoder, which copies it) with static shapes, on every backend.
 
 transformers' Longformer reads whether any token of the batch has global attention with ``.item()``
 (no compiled program can branch on a value it computes), lists the global tokens with ``nonzero`` (a
@@ -70,11 +70,32 @@ def self_attention(self: Any, hidden_states: Any, attention_mask: Any = None,
     return (output.transpose(1, 2).reshape(batch, length, heads * dim),)
 
 
+def _run_layers(
+    layers: Any, hidden_states: Any, attention_mask: Any, padding_len: int
+) -> tuple[Any, ...]:
+    """The hidden states before the first layer and after each, cut back to the unpadded length.
+    transformers' encoders read whether any token is global with ``.item()`` only to choose their
+    branches, and :func:`self_attention` has none: the layers are given no such flag."""
+    states: tuple[Any, ...] = ()
+    for layer in layers:
+        states += (hidden_states,)
+        hidden_states = layer(
+            hidden_states,
+            attention_mask=attention_mask,
+            is_index_masked=attention_mask < 0,
+            is_index_global_attn=attention_mask > 0,
+            is_global_attn=None,
+            output_attentions=False,
+        )[0]
+    states += (hidden_states,)
+    # The sequence was padded to a multiple of the window; the caller expects its own length back.
+    return tuple(state[:, : state.shape[1] - padding_len] for state in states)
+
+
 def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, padding_len: int = 0,
                     output_attentions: bool = False, output_hidden_states: bool = False,
                     return_dict: bool = True) -> Any:  # fmt: skip
-    """``LongformerEncoder.forward`` without its ``.item()``: whether any token is global only chose
-    transformers' branches, and :func:`self_attention` has none."""
+    """``LongformerEncoder.forward``, its layers run by :func:`_run_layers`."""
     if output_attentions:
         return type(self).forward(
             self, hidden_states, attention_mask, padding_len, output_attentions,
@@ -82,22 +103,7 @@ def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, p
         )  # fmt: skip
     import sys
 
-    is_index_masked = attention_mask < 0
-    is_index_global_attn = attention_mask > 0
-    states: tuple[Any, ...] = ()
-    for layer in self.layer:
-        states += (hidden_states,)
-        hidden_states = layer(
-            hidden_states,
-            attention_mask=attention_mask,
-            is_index_masked=is_index_masked,
-            is_index_global_attn=is_index_global_attn,
-            is_global_attn=None,
-            output_attentions=False,
-        )[0]
-    states += (hidden_states,)
-    # The sequence was padded to a multiple of the window; the caller expects its own length back.
-    states = tuple(state[:, : state.shape[1] - padding_len] for state in states)
+    states = _run_layers(self.layer, hidden_states, attention_mask, padding_len)
     all_states = states if output_hidden_states else None
     if not return_dict:
         return tuple(value for value in (states[-1], all_states) if value is not None)
@@ -105,8 +111,58 @@ def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, p
     return output_class(last_hidden_state=states[-1], hidden_states=all_states)
 
 
+def led_encoder_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
+                        global_attention_mask: Any = None, inputs_embeds: Any = None,
+                        output_attentions: Any = None, output_hidden_states: Any = None,
+                        return_dict: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+    """``LEDEncoder.forward``: transformers' embedding, mask and window padding, its layers run by
+    :func:`_run_layers`."""
+    config = self.config
+    output_attentions = config.output_attentions if output_attentions is None else output_attentions
+    if output_attentions or self.training or (input_ids is None) == (inputs_embeds is None):
+        # Attention maps, layer drop, or arguments transformers refuses: its own code.
+        return type(self).forward(
+            self, input_ids, attention_mask, global_attention_mask, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict, **kwargs,
+        )  # fmt: skip
+    import sys
+
+    import torch
+
+    module = sys.modules[type(self).__module__]
+    if inputs_embeds is None:
+        inputs_embeds = self.embed_tokens(input_ids)
+    if attention_mask is None:
+        attention_mask = torch.ones(
+            inputs_embeds.shape[:-1], device=inputs_embeds.device, dtype=torch.long
+        )
+    if global_attention_mask is not None:
+        attention_mask = self._merge_to_attention_mask(attention_mask, global_attention_mask)
+    padding_len, input_ids, attention_mask, inputs_embeds = self._pad_to_window_size(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        inputs_embeds=inputs_embeds,
+        pad_token_id=config.pad_token_id,
+    )
+    # 1 -> 0, 0 -> the dtype's lowest, 2 (global) -> a large positive value, as transformers has it.
+    mask = module._prepare_4d_attention_mask_inverted(attention_mask, inputs_embeds.dtype)[
+        :, 0, 0, :
+    ]
+    hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
+    states = _run_layers(self.layers, self.layernorm_embedding(hidden_states), mask, padding_len)
+    output_hidden_states = (
+        config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    )
+    all_states = states if output_hidden_states else None
+    if not (config.return_dict if return_dict is None else return_dict):
+        return tuple(value for value in (states[-1], all_states) if value is not None)
+    return module.LEDEncoderBaseModelOutput(last_hidden_state=states[-1], hidden_states=all_states)
+
+
 #: transformers' Longformer classes whose methods need concrete values, and their static replacements.
 STATIC = {
     "LongformerSelfAttention": ("forward", self_attention),
     "LongformerEncoder": ("forward", encoder_forward),
+    "LEDEncoderSelfAttention": ("forward", self_attention),
+    "LEDEncoder": ("forward", led_encoder_forward),
 }
