@@ -364,3 +364,54 @@ def test_decoder_positions_counted_from_its_ids(tmp_path):
     expected = reference_generate(reference, ids, mask, **options)
     actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
     np.testing.assert_array_equal(actual, expected)
+
+
+COUNTED_POSITIONS = {
+    "roformer": lambda: transformers.RoFormerConfig(
+        vocab_size=64,
+        hidden_size=32,
+        embedding_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        is_decoder=True,
+    ),
+    # LED's encoder is Longformer's windowed attention (a window shorter than the prompts), and its decoder
+    # applies no mask to a one-token step (hfax.step_masks).
+    "led": lambda: transformers.LEDConfig(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_encoder_position_embeddings=64,
+        max_decoder_position_embeddings=64,
+        attention_window=4,
+        pad_token_id=PAD,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COUNTED_POSITIONS))
+def test_positions_counted_from_the_cache_length(name, tmp_path):
+    # RoFormer's and LED's decoders number a step's positions torch.arange(past, past + n) from the cache's
+    # count, which torch_xla's dynamo bridge refused to size ("Data dependent operator"): hfax.cache_positions.
+    config = COUNTED_POSITIONS[name]()
+    if not config.is_encoder_decoder:
+        assert_generates_like_transformers(config, tmp_path)
+        return
+    reference = save_tiny(config, tmp_path, auto_class="AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
+    expected = reference_generate(reference, ids, mask, **options)
+    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    np.testing.assert_array_equal(actual, expected)

@@ -16,9 +16,18 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     static shapes too (:mod:`hfax.sparse_attention`), ProphetNet's decoder decodes over a static cache
     (:mod:`hfax.prophetnet`), Longformer's attention runs without data-dependent shapes
     (:mod:`hfax.longformer`), encoder-decoder classifiers gather each row's last ``<eos>`` state
-    (:mod:`hfax.eos_pooling`) and decoders that drop their mask on one-token steps get it back
-    (:mod:`hfax.step_masks`)."""
-    from hfax import eos_pooling, experts, longformer, prophetnet, sparse_attention, step_masks
+    (:mod:`hfax.eos_pooling`), decoders that drop their mask on one-token steps get it back
+    (:mod:`hfax.step_masks`) and position embeddings that count from the cache's length size their range
+    statically (:mod:`hfax.cache_positions`)."""
+    from hfax import (
+        cache_positions,
+        eos_pooling,
+        experts,
+        longformer,
+        prophetnet,
+        sparse_attention,
+        step_masks,
+    )
 
     patcher.bind_by_class(model, experts.LOOPS)
     patcher.bind_by_class(model, sparse_attention.LOOPS)
@@ -26,6 +35,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     patcher.bind_by_class(model, longformer.STATIC)
     patcher.bind_by_class(model, eos_pooling.STATIC)
     patcher.bind_by_class(model, step_masks.STEPS)
+    patcher.bind_by_class(model, cache_positions.COUNTED)
 
 
 @hookimpl(trylast=True)

@@ -11,20 +11,24 @@ step's self-attention gets it as the additive mask the layers take for longer st
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any
 
-#: During one decoder forward: its mask over the cache's slots (2-D or 4-D), or ``None``.
-_SLOTS: contextvars.ContextVar[Any] = contextvars.ContextVar("hfax_step_slots", default=None)
+#: The attribute of a decoder's self-attention modules that holds, during one decoder forward, the
+#: decoder's mask over the cache's slots (2-D or 4-D). An attribute rather than a context variable:
+#: torch_xla's dynamo bridge traces attribute writes and not ``ContextVar.set``.
+_SLOTS = "_hfax_step_mask"
 
 
 def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``LEDDecoder.forward``, its ``attention_mask`` visible to its self-attention layers."""
-    token = _SLOTS.set(kwargs.get("attention_mask"))
+    layers = [layer.self_attn for layer in self.layers]
+    for attention in layers:
+        object.__setattr__(attention, _SLOTS, kwargs.get("attention_mask"))
     try:
         return type(self).forward(self, *args, **kwargs)
     finally:
-        _SLOTS.reset(token)
+        for attention in layers:
+            object.__setattr__(attention, _SLOTS, None)
 
 
 def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any = None,
@@ -32,7 +36,7 @@ def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any 
                            **kwargs: Any) -> Any:  # fmt: skip
     """``LEDDecoderAttention.forward``: on a one-token self-attention step with no mask, the decoder's
     mask over the slots, as an additive ``[batch, 1, 1, slots]`` mask."""
-    slots = _SLOTS.get()
+    slots = getattr(self, _SLOTS, None)
     if (
         attention_mask is None
         and key_value_states is None

@@ -1,0 +1,45 @@
+"""Position embeddings that count from the cache's length (MVP, TrOCR, RoFormer, LED), with a static
+shape on every backend.
+
+Their forward numbers a step's positions ``torch.arange(past, past + n)``, ``past`` being the count of
+tokens the cache held. hfax's static cache counts them with a tensor, one compiled decode step serving
+every position: torch_xla's dynamo bridge then has to read the tensor's value to size the range, which it
+refuses ("Data dependent operator"). ``past + torch.arange(n)`` is the same range, sized by ``n`` alone.
+(hfax-jax's count, ``CacheLength``, sizes the original range itself; this form serves it too.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def counted_positions(self: Any, input_ids: Any, past_key_values_length: Any = 0,
+                      position_ids: Any = None) -> Any:  # fmt: skip
+    """The embedding's ``forward(input_ids or its shape, past_key_values_length, position_ids)``: the
+    embeddings of positions ``past_key_values_length + 0 .. n-1`` (shifted by the class's ``offset``),
+    ``[batch, n, dim]`` for ids and ``[n, dim]`` for a shape, as transformers returns them."""
+    import torch
+
+    if position_ids is not None or not isinstance(past_key_values_length, torch.Tensor):
+        # Positions given, or a Python count: transformers' own code sizes the range statically.
+        extra = () if position_ids is None else (position_ids,)
+        return type(self).forward(self, input_ids, past_key_values_length, *extra)
+    is_ids = isinstance(input_ids, torch.Tensor)
+    length = input_ids.shape[1] if is_ids else input_ids[1]
+    positions = past_key_values_length + torch.arange(length, device=self.weight.device)
+    positions = positions.long() + getattr(self, "offset", 0)
+    if is_ids:
+        positions = positions.expand(input_ids.shape[0], -1)
+    return torch.nn.Embedding.forward(self, positions)
+
+
+#: The position embeddings that count from the cache: class name -> (method, its replacement).
+COUNTED = {
+    name: ("forward", counted_positions)
+    for name in (
+        "MvpLearnedPositionalEmbedding",
+        "TrOCRLearnedPositionalEmbedding",
+        "RoFormerSinusoidalPositionalEmbedding",
+        "LEDLearnedPositionalEmbedding",
+    )
+}
