@@ -1,4 +1,4 @@
-"""Encoder-decoder generate (T5, BART, LED, T5Gemma): the encoder runs once, the decoder's loop is compiled with the rest,
+"""Encoder-decoder generate (T5, BART, LED, FSMT, T5Gemma): the encoder runs once, the decoder's loop is compiled with the rest,
 and the tokens are transformers' own."""
 
 from __future__ import annotations
@@ -75,6 +75,26 @@ CONFIGS = {
         bos_token_id=1,
         eos_token_id=2,
         decoder_start_token_id=2,
+    ),
+    # FSMT applies no decoder mask over a cache, and drops its padding mask when there is no padding
+    # (hfax.fsmt).
+    "fsmt": lambda: transformers.FSMTConfig(
+        langs=["en", "de"],
+        src_vocab_size=64,
+        tgt_vocab_size=64,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        num_beams=1,
     ),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(

@@ -17,12 +17,14 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     (:mod:`hfax.prophetnet`), Longformer's attention runs without data-dependent shapes
     (:mod:`hfax.longformer`), encoder-decoder classifiers gather each row's last ``<eos>`` state
     (:mod:`hfax.eos_pooling`), decoders that drop their mask on one-token steps get it back
-    (:mod:`hfax.step_masks`) and position embeddings that count from the cache's length size their range
-    statically (:mod:`hfax.cache_positions`)."""
+    (:mod:`hfax.step_masks`), position embeddings that count from the cache's length size their range
+    statically (:mod:`hfax.cache_positions`) and FSMT always makes its decoder's padding mask
+    (:mod:`hfax.fsmt`)."""
     from hfax import (
         cache_positions,
         eos_pooling,
         experts,
+        fsmt,
         longformer,
         prophetnet,
         sparse_attention,
@@ -36,6 +38,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     patcher.bind_by_class(model, eos_pooling.STATIC)
     patcher.bind_by_class(model, step_masks.STEPS)
     patcher.bind_by_class(model, cache_positions.COUNTED)
+    patcher.bind_by_class(model, fsmt.MASKS)
 
 
 @hookimpl(trylast=True)

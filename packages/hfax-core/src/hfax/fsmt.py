@@ -1,0 +1,68 @@
+"""FSMT's decoder masks, on every backend: a padding mask without a branch on the data, and a mask over the
+static cache on cached steps.
+
+- transformers' FSMT makes its decoder's padding mask from the decoder's ids and drops it when no id is
+  padding (``if not padding_mask.any()``): a branch on values, which ``jax.jit`` cannot trace and torch_xla's
+  dynamo bridge breaks its graph at. An all-False padding mask masks nothing, so the output is the same with
+  it. transformers takes that path itself when it is given a ``decoder_attention_mask``; here the forward is
+  given the one transformers would make.
+- Over a cache, transformers' FSMT applies no decoder mask at all: its dynamic cache holds exactly the tokens
+  so far. hfax's static cache also holds slots not yet written (:mod:`hfax.step_masks`), so the mask hfax
+  passes over them reaches the decoder's layers as the causal mask they add to their scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfax import step_masks
+
+
+def model_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
+                  decoder_input_ids: Any = None, decoder_attention_mask: Any = None,
+                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    """``FSMTModel.forward``, with the decoder's attention mask made from its ids when none is given, and
+    the mask over the cache's slots handed to its decoder."""
+    if decoder_attention_mask is None and input_ids is not None:
+        import sys
+
+        pad = self.config.pad_token_id
+        if decoder_input_ids is None:  # as transformers makes it: the source shifted right
+            decoder_input_ids = sys.modules[type(self).__module__].shift_tokens_right(
+                input_ids, pad
+            )
+        decoder_attention_mask = decoder_input_ids.ne(pad)
+    cache = kwargs.get("past_key_values")
+    over_slots = None if cache is None else (decoder_attention_mask, step_masks.written(cache))
+    object.__setattr__(self.decoder, step_masks.SLOTS, over_slots)
+    try:
+        return type(self).forward(
+            self,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            *args,
+            **kwargs,
+        )
+    finally:
+        object.__setattr__(self.decoder, step_masks.SLOTS, None)
+
+
+def decoder_forward(self: Any, input_ids: Any, encoder_hidden_states: Any, encoder_padding_mask: Any,
+                    decoder_padding_mask: Any, decoder_causal_mask: Any, *args: Any,
+                    **kwargs: Any) -> Any:  # fmt: skip
+    """``FSMTDecoder.forward``: on a cached step without a causal mask, the mask over the cache's slots."""
+    over_slots = getattr(self, step_masks.SLOTS, None)
+    if decoder_causal_mask is None and over_slots is not None:
+        queries = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1]
+        dtype = self.embed_tokens.weight.dtype
+        decoder_causal_mask = step_masks.additive(over_slots, queries, dtype)
+    return type(self).forward(
+        self, input_ids, encoder_hidden_states, encoder_padding_mask, decoder_padding_mask,
+        decoder_causal_mask, *args, **kwargs,
+    )  # fmt: skip
+
+
+#: FSMT's model and decoder: class name -> (method, its replacement).
+MASKS = {"FSMTModel": ("forward", model_forward), "FSMTDecoder": ("forward", decoder_forward)}
