@@ -28,6 +28,25 @@ T5GEMMA_MODULE = dict(
     layer_types=["sliding_attention", "full_attention"],
 )
 
+
+def bert2bert() -> Any:
+    bert = dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.BertConfig(**bert),
+        transformers.BertConfig(**bert, is_decoder=True, add_cross_attention=True),
+    )
+    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 2, PAD, 3
+    return config
+
+
 CONFIGS = {
     "t5": lambda: transformers.T5Config(
         vocab_size=64,
@@ -96,6 +115,9 @@ CONFIGS = {
         decoder_start_token_id=2,
         num_beams=1,
     ),
+    # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
+    # (`position_ids[:, past : past + n]`: hfax.backends.jax.lowerings).
+    "bert2bert": lambda: bert2bert(),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(
         encoder=T5GEMMA_MODULE,

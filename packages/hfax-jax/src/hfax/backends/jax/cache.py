@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import os
 from typing import Any, Callable
 
 import jax
@@ -190,8 +191,11 @@ class SlotLayer(CacheLayerMixin):
         batch, heads, length = *key_states.shape[:2], self.cache.length
         options = dict(dtype=self.cache.dtype or key_states.dtype, device=key_states.device)
         keys_shape = (length, key_states.shape[-1])[:: -1 if self.cache.in_place else 1]
-        self.keys = torch.zeros((batch, heads, *keys_shape), **options)
-        self.values = torch.zeros((batch, heads, length, value_states.shape[-1]), **options)
+        # HFAX_POISON_EMPTY_SLOTS (an audit, not for use): slots not yet written hold large values instead
+        # of zeros, so a model that attends to them (a mask it drops) changes its tokens for certain.
+        empty = 1e3 if os.environ.get("HFAX_POISON_EMPTY_SLOTS") else 0.0
+        self.keys = torch.full((batch, heads, *keys_shape), empty, **options)
+        self.values = torch.full((batch, heads, length, value_states.shape[-1]), empty, **options)
         self.is_initialized = self.fresh = True
 
     def update(

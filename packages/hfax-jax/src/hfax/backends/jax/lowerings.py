@@ -208,19 +208,45 @@ def _copy_from_views(environment: Any, original: Callable[..., Any]) -> Callable
     return copy_
 
 
-def _cpu_indices(environment: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Tensor.__getitem__`` with index tensors made on the CPU (SAM's and GOT-OCR2's relative positions,
-    ``table[torch.arange(n)[:, None] - ...]``): PyTorch indexes an accelerator's tensor with CPU indices,
-    torchax refuses them as mixed math. They become constants on the JAX device."""
+def _indices(environment: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.__getitem__`` with indices torchax cannot take as they are:
+
+    - index tensors made on the CPU (SAM's and GOT-OCR2's relative positions, ``table[torch.arange(n)[:, None]
+      - ...]``): PyTorch indexes an accelerator's tensor with CPU indices, torchax refuses them as mixed
+      math. They become constants on the JAX device.
+    - a slice between two counts of one decode step (BERT's ``position_ids[:, past : past + n]`` as the
+      decoder of an ``EncoderDecoderModel``, :class:`hfax.backends.jax.cache.CacheLength`): a traced start
+      has no static slice, so the same elements are gathered by their positions, ``n`` of them. Only where
+      the count's largest value keeps the slice inside the dimension (a slice would shorten there, a
+      gather clamp) and no other index is a tensor."""
 
     def on_device(index: Any) -> Any:
         if type(index) is torch.Tensor and index.ndim:  # a 0-d one torchax reads as a Python number
             return environment.j2t_iso(jax.numpy.asarray(index.numpy()))
         return index
 
+    def counted(index: Any, size: int) -> Any:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            return index
+        start, stop = index.start, index.stop
+        if (
+            getattr(start, "range_to", None) is None
+            or getattr(stop, "bounds", (0, size + 1))[1] > size
+        ):
+            return index
+        span = start.range_to(stop)
+        return index if span is None else span
+
     def getitem(self: Any, indexes: Any) -> Any:
         if isinstance(indexes, (tuple, list)):
             indexes = type(indexes)(on_device(index) for index in indexes)
+            if not any(isinstance(index, torch.Tensor) or index is None or index is Ellipsis
+                       for index in indexes):  # fmt: skip
+                indexes = type(indexes)(
+                    counted(index, size) for index, size in zip(indexes, self.shape)
+                ) + type(indexes)(indexes[len(self.shape) :])
+        elif isinstance(indexes, slice) and self.ndim:
+            indexes = counted(indexes, self.shape[0])
         return original(self, on_device(indexes))
 
     return getitem
@@ -248,7 +274,7 @@ def _cache_ranges(environment: Any, original: Callable[..., Any]) -> Callable[..
 WRAPPED: dict[Any, Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
     torch.arange: _cache_ranges,
     torch.ops.aten.copy_.default: _copy_from_views,
-    torch.Tensor.__getitem__: _cpu_indices,
+    torch.Tensor.__getitem__: _indices,
 }
 
 
