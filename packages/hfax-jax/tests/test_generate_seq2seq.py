@@ -118,6 +118,25 @@ CONFIGS = {
     # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
     # (`position_ids[:, past : past + n]`: hfax.backends.jax.lowerings).
     "bert2bert": lambda: bert2bert(),
+    # Switch Transformers loops over the experts its tokens hit (hfax.experts); a capacity of 3 tokens per
+    # expert drops some tokens of the 7-token source.
+    "switch_transformers": lambda: transformers.SwitchTransformersConfig(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        num_experts=4,
+        expert_capacity=3,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=PAD,
+        pad_token_id=PAD,
+        eos_token_id=1,
+    ),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(
         encoder=T5GEMMA_MODULE,

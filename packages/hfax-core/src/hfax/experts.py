@@ -9,7 +9,7 @@ in ways that do:
   kernel, which has none, and its group sizes would change the lazy graph with every routing. For it,
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
 * a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
-  of each): DBRX, LongCat-Flash; JetMoE (its experts and its mixture of attention heads) splits the tokens
+  of each): DBRX, LongCat-Flash, Switch Transformers; JetMoE (its experts and its mixture of attention heads) splits the tokens
   sorted by expert by a Python list of counts; X-MOD's language adapters, a mixture routed by each row's
   language id, gather each language's rows by a boolean mask. hfax-core's ``hfax_patch_model`` hook
   replaces those methods on the instance (:data:`LOOPS`).
@@ -156,6 +156,20 @@ def jetmoe_parallel_experts(self: Any, inputs: Any, expert_size: Any) -> Any:
     return out.gather(1, expert[:, None, None].expand(-1, 1, out.shape[2])).squeeze(1)
 
 
+def switch_experts(
+    self: Any, hidden_states: Any, selected_experts: Any, routing_weights: Any
+) -> Any:
+    """``SwitchTransformersExperts.forward``: ``selected_experts`` is each token's one-hot expert
+    (``[tokens, 1, experts]``, all zero for a token past its expert's capacity), ``routing_weights`` its
+    router probability (``[tokens, 1]``). Every expert runs on every token; each token keeps its own
+    expert's output, weighted, and a token past capacity keeps zeros, as in transformers."""
+    import torch
+
+    out = torch.stack([self[f"expert_{index}"](hidden_states) for index in range(self.num_experts)])
+    weights = selected_experts[:, 0, :].to(out.dtype).T * routing_weights[:, 0].to(out.dtype)
+    return (out * weights[..., None]).sum(0).to(hidden_states.dtype)
+
+
 #: transformers' classes with a method that loops over the experts a batch hits: class name -> (method,
 #: its replacement).
 LOOPS = {
@@ -164,6 +178,7 @@ LOOPS = {
     "XmodOutput": ("lang_adapter", xmod_adapters),
     "JetMoeTopKGating": ("forward", jetmoe_gating),
     "JetMoeParallelExperts": ("forward", jetmoe_parallel_experts),
+    "SwitchTransformersExperts": ("forward", switch_experts),
 }
 
 
