@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 import hfax
-from hfax.testing import assert_same_continuation, reference_generate, save_tiny
+from hfax.testing import assert_same_continuation, bert2bert_config, reference_generate, save_tiny
 
 SOURCES = [[5, 17, 33, 9, 41, 8, 22], [12, 50, 7, 31]]
 NEW_TOKENS = 9
@@ -27,24 +27,6 @@ T5GEMMA_MODULE = dict(
     sliding_window=4,
     layer_types=["sliding_attention", "full_attention"],
 )
-
-
-def bert2bert() -> Any:
-    bert = dict(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-    )
-    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
-        transformers.BertConfig(**bert),
-        transformers.BertConfig(**bert, is_decoder=True, add_cross_attention=True),
-    )
-    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 2, PAD, 3
-    return config
 
 
 CONFIGS = {
@@ -117,7 +99,7 @@ CONFIGS = {
     ),
     # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
     # (`position_ids[:, past : past + n]`: hfax.backends.jax.lowerings).
-    "bert2bert": lambda: bert2bert(),
+    "bert2bert": lambda: bert2bert_config(PAD),
     # Switch Transformers loops over the experts its tokens hit (hfax.experts); a capacity of 3 tokens per
     # expert drops some tokens of the 7-token source.
     "switch_transformers": lambda: transformers.SwitchTransformersConfig(

@@ -106,3 +106,23 @@ def test_indexing_by_cpu_index_tensors_like_pytorch():
         np.testing.assert_array_equal(
             on_jax(lambda t, index=index: t[index], table), table[index].numpy()
         )
+
+
+def test_a_slice_between_two_counts_of_a_decode_step_is_gathered():
+    # BERT's `position_ids[:, past : past + n]` at a decode step's traced count (CacheLength): a slice of
+    # n elements wherever the count points, the same elements PyTorch slices.
+    import jax
+    import jax.numpy as jnp
+
+    from hfax.backends.jax.cache import CacheLength
+
+    table = np.arange(40).reshape(1, 40)
+
+    def sliced(slot):
+        with env():
+            past = CacheLength(slot, 0, (1, 31))
+            return to_array(to_tensor(jnp.asarray(table))[:, past : past + 5])
+
+    for slot in (1, 7, 31):
+        got = np.asarray(jax.jit(sliced)(jnp.int32(slot)))
+        np.testing.assert_array_equal(got, table[:, slot : slot + 5])

@@ -19,6 +19,7 @@ from hfax.backends.torchxla import runtime
 from hfax.testing import (
     as_numpy,
     assert_same_continuation,
+    bert2bert_config,
     left_padded,
     reference_generate,
     save_tiny,
@@ -367,6 +368,8 @@ def test_decoder_positions_counted_from_its_ids(tmp_path):
 
 
 COUNTED_POSITIONS = {
+    # BERT as the decoder of an EncoderDecoderModel slices position_ids[:, past : past + n].
+    "bert2bert": lambda: bert2bert_config(PAD),
     "roformer": lambda: transformers.RoFormerConfig(
         vocab_size=64,
         hidden_size=32,
@@ -402,7 +405,7 @@ COUNTED_POSITIONS = {
 
 @pytest.mark.parametrize("name", sorted(COUNTED_POSITIONS))
 def test_positions_counted_from_the_cache_length(name, tmp_path):
-    # RoFormer's and LED's decoders number a step's positions torch.arange(past, past + n) from the cache's
+    # RoFormer's, LED's and BERT's decoders number a step's positions torch.arange(past, past + n) from the cache's
     # count, which torch_xla's dynamo bridge refused to size ("Data dependent operator"): hfax.cache_positions.
     config = COUNTED_POSITIONS[name]()
     if not config.is_encoder_decoder:

@@ -1,10 +1,11 @@
-"""Position embeddings that count from the cache's length (MVP, TrOCR, RoFormer, LED), with a static
-shape on every backend.
+"""Position embeddings that count from the cache's length (MVP, TrOCR, RoFormer, LED; BERT's as the
+decoder of an ``EncoderDecoderModel``), with a static shape on every backend.
 
-Their forward numbers a step's positions ``torch.arange(past, past + n)``, ``past`` being the count of
-tokens the cache held. hfax's static cache counts them with a tensor, one compiled decode step serving
+Their forward numbers a step's positions ``torch.arange(past, past + n)`` (BERT: slices ``position_ids[:,
+past : past + n]`` from a table), ``past`` being the count of tokens the cache held. hfax's static cache counts them with a tensor, one compiled decode step serving
 every position: torch_xla's dynamo bridge then has to read the tensor's value to size the range, which it
-refuses ("Data dependent operator"). ``past + torch.arange(n)`` is the same range, sized by ``n`` alone.
+refuses ("Data dependent operator", "Dynamic slicing with Tensor arguments"). ``past + torch.arange(n)``
+is the same range, sized by ``n`` alone.
 (hfax-jax's count, ``CacheLength``, sizes the original range itself; this form serves it too.)
 """
 
@@ -33,13 +34,28 @@ def counted_positions(self: Any, input_ids: Any, past_key_values_length: Any = 0
     return torch.nn.Embedding.forward(self, positions)
 
 
+def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None,
+                    position_ids: Any = None, inputs_embeds: Any = None,
+                    past_key_values_length: Any = 0) -> Any:  # fmt: skip
+    """``BertEmbeddings.forward``, given the positions ``past_key_values_length + 0 .. n-1`` it would
+    slice from its table when the count is a tensor."""
+    import torch
+
+    if position_ids is None and isinstance(past_key_values_length, torch.Tensor):
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        table = self.position_ids
+        positions = past_key_values_length + torch.arange(length, device=table.device)
+        position_ids = positions.to(table.dtype)[None, :]
+    return type(self).forward(
+        self, input_ids, token_type_ids, position_ids, inputs_embeds, past_key_values_length
+    )
+
+
 #: The position embeddings that count from the cache: class name -> (method, its replacement).
 COUNTED = {
-    name: ("forward", counted_positions)
-    for name in (
-        "MvpLearnedPositionalEmbedding",
-        "TrOCRLearnedPositionalEmbedding",
-        "RoFormerSinusoidalPositionalEmbedding",
-        "LEDLearnedPositionalEmbedding",
-    )
+    "MvpLearnedPositionalEmbedding": ("forward", counted_positions),
+    "TrOCRLearnedPositionalEmbedding": ("forward", counted_positions),
+    "RoFormerSinusoidalPositionalEmbedding": ("forward", counted_positions),
+    "LEDLearnedPositionalEmbedding": ("forward", counted_positions),
+    "BertEmbeddings": ("forward", bert_embeddings),
 }

@@ -490,6 +490,23 @@ def eos_classifier(directory: str | Path, family: str) -> tuple[Any, dict[str, n
     return reference, {"input_ids": ids, "attention_mask": mask, "labels": np.array([2, 0])}
 
 
+def bert2bert_config(pad_token_id: int) -> Any:
+    """A tiny ``EncoderDecoderConfig`` of two BERTs (the decoder with cross-attention), start token 2 and
+    end token 3."""
+    import transformers
+
+    bert = dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=pad_token_id,
+    )  # fmt: skip
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.BertConfig(**bert),
+        transformers.BertConfig(**bert, is_decoder=True, add_cross_attention=True),
+    )
+    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 2, pad_token_id, 3
+    return config
+
+
 def reference_forward(model: Any, **inputs: Any) -> Any:
     """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
     import torch
