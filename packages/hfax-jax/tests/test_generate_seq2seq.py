@@ -10,7 +10,13 @@ import pytest
 import transformers
 
 import hfax
-from hfax.testing import assert_same_continuation, bert2bert_config, reference_generate, save_tiny
+from hfax.testing import (
+    assert_same_continuation,
+    bert2bert_config,
+    led_config,
+    reference_generate,
+    save_tiny,
+)
 
 SOURCES = [[5, 17, 33, 9, 41, 8, 22], [12, 50, 7, 31]]
 NEW_TOKENS = 9
@@ -60,23 +66,7 @@ CONFIGS = {
         forced_bos_token_id=1,
     ),
     # Longformer's windowed attention in the encoder, a window shorter than the sources (hfax.longformer).
-    "led": lambda: transformers.LEDConfig(
-        vocab_size=64,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_encoder_position_embeddings=64,
-        max_decoder_position_embeddings=64,
-        attention_window=4,
-        pad_token_id=PAD,
-        bos_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-    ),
+    "led": lambda: led_config(PAD),
     # FSMT applies no decoder mask over a cache, and drops its padding mask when there is no padding
     # (hfax.fsmt).
     "fsmt": lambda: transformers.FSMTConfig(

@@ -20,6 +20,7 @@ from hfax.testing import (
     as_numpy,
     assert_same_continuation,
     bert2bert_config,
+    led_config,
     left_padded,
     reference_generate,
     save_tiny,
@@ -34,6 +35,17 @@ PAD = 1
 def load(config: Any, directory) -> tuple[Any, Any]:
     reference = save_tiny(config, directory, spread=True)
     return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="torch_xla")
+
+
+def assert_translates_like_transformers(config: Any, directory) -> None:
+    """An encoder-decoder's greedy tokens for the left-padded prompts as sources equal transformers'."""
+    reference = save_tiny(config, directory, auto_class="AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="torch_xla")
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
+    expected = reference_generate(reference, ids, mask, **options)
+    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    np.testing.assert_array_equal(actual, expected)
 
 
 def assert_generates_like_transformers(config: Any, directory, **options: Any) -> None:
@@ -358,13 +370,7 @@ def test_decoder_positions_counted_from_its_ids(tmp_path):
         pad_token_id=PAD,
         decoder_start_token_id=2,
     )
-    reference = save_tiny(config, tmp_path, auto_class="AutoModelForSeq2SeqLM", spread=True)
-    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
-    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
-    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
-    expected = reference_generate(reference, ids, mask, **options)
-    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
-    np.testing.assert_array_equal(actual, expected)
+    assert_translates_like_transformers(config, tmp_path)
 
 
 COUNTED_POSITIONS = {
@@ -383,38 +389,17 @@ COUNTED_POSITIONS = {
     ),
     # LED's encoder is Longformer's windowed attention (a window shorter than the prompts), and its decoder
     # applies no mask to a one-token step (hfax.step_masks).
-    "led": lambda: transformers.LEDConfig(
-        vocab_size=64,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=48,
-        decoder_ffn_dim=48,
-        max_encoder_position_embeddings=64,
-        max_decoder_position_embeddings=64,
-        attention_window=4,
-        pad_token_id=PAD,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-    ),
+    "led": lambda: led_config(PAD),
 }
 
 
 @pytest.mark.parametrize("name", sorted(COUNTED_POSITIONS))
 def test_positions_counted_from_the_cache_length(name, tmp_path):
-    # RoFormer's, LED's and BERT's decoders number a step's positions torch.arange(past, past + n) from the cache's
-    # count, which torch_xla's dynamo bridge refused to size ("Data dependent operator"): hfax.cache_positions.
+    # RoFormer's, LED's and BERT's decoders number a step's positions from the cache's count
+    # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size:
+    # hfax.cache_positions.
     config = COUNTED_POSITIONS[name]()
-    if not config.is_encoder_decoder:
+    if config.is_encoder_decoder:
+        assert_translates_like_transformers(config, tmp_path)
+    else:
         assert_generates_like_transformers(config, tmp_path)
-        return
-    reference = save_tiny(config, tmp_path, auto_class="AutoModelForSeq2SeqLM", spread=True)
-    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
-    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
-    options = {"max_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
-    expected = reference_generate(reference, ids, mask, **options)
-    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))
-    np.testing.assert_array_equal(actual, expected)

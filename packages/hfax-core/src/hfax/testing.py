@@ -507,6 +507,19 @@ def bert2bert_config(pad_token_id: int) -> Any:
     return config
 
 
+def led_config(pad_token_id: int) -> Any:
+    """A tiny ``LEDConfig`` whose encoder window (4 tokens) is shorter than the sources it is given: start
+    and end token 2."""
+    import transformers
+
+    return transformers.LEDConfig(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_encoder_position_embeddings=64, max_decoder_position_embeddings=64, attention_window=4,
+        pad_token_id=pad_token_id, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+
+
 def reference_forward(model: Any, **inputs: Any) -> Any:
     """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
     import torch
