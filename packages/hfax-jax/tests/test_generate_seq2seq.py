@@ -88,10 +88,10 @@ CONFIGS = {
         num_beams=1,
     ),
     # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
-    # (`position_ids[:, past : past + n]`: hfax.backends.jax.lowerings).
+    # (`position_ids[:, past : past + n]`: hfax.cache_positions).
     "bert2bert": lambda: bert2bert_config(PAD),
-    # Switch Transformers loops over the experts its tokens hit (hfax.experts); a capacity of 3 tokens per
-    # expert drops some tokens of the 7-token source.
+    # Switch Transformers loops over the experts its tokens hit (hfax.experts); each expert takes at most
+    # 3 tokens of a sequence.
     "switch_transformers": lambda: transformers.SwitchTransformersConfig(
         vocab_size=64,
         d_model=32,
