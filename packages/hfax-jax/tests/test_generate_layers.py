@@ -13,7 +13,13 @@ import pytest
 import transformers
 
 import hfax
-from hfax.testing import assert_same_continuation, left_padded, reference_generate, save_tiny
+from hfax.testing import (
+    assert_same_continuation,
+    eager_experts_batch,
+    left_padded,
+    reference_generate,
+    save_tiny,
+)
 
 PROMPTS = [[5, 17, 33, 9, 41, 8, 22, 60], [12, 50, 7, 31, 19]]
 NEW_TOKENS = 10
@@ -298,3 +304,16 @@ def test_language_adapters_chosen_per_row(tmp_path):
         ).logits.numpy()
     forward = jax.jit(lambda i, lang: model(input_ids=i, lang_ids=lang).logits)
     np.testing.assert_allclose(np.asarray(forward(ids, languages)), expected, atol=1e-4, rtol=0)
+
+
+def test_experts_of_a_class_that_defaults_to_its_eager_loop(tmp_path):
+    # OpenAI Privacy Filter picks transformers' eager expert loop when nobody asks (`nonzero` of the experts
+    # a batch hits, which jit cannot size); hfax runs its experts by the grouped path JAX lowers instead,
+    # with transformers' logits for a padded batch.
+    import jax
+
+    expected, inputs, real = eager_experts_batch(tmp_path)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
+    forward = jax.jit(lambda i, m: model(input_ids=i, attention_mask=m).logits)
+    got = np.asarray(forward(inputs["input_ids"], inputs["attention_mask"]))
+    np.testing.assert_allclose(got[real], expected[real], atol=1e-4, rtol=0)

@@ -20,6 +20,7 @@ from hfax.testing import (
     as_numpy,
     assert_same_continuation,
     bert2bert_config,
+    eager_experts_batch,
     led_config,
     left_padded,
     reference_generate,
@@ -150,6 +151,20 @@ def test_mixture_of_experts(name, tmp_path):
         as_numpy(actual)[real], expected.detach().numpy()[real], atol=1e-4, rtol=1e-4
     )
     assert_generates_like_transformers(MIXTURE_OF_EXPERTS[name](), tmp_path / "again")
+
+
+def test_experts_of_a_class_that_defaults_to_its_eager_loop(tmp_path):
+    # OpenAI Privacy Filter picks transformers' eager expert loop when nobody asks; it reads `nonzero` of
+    # the experts a batch hits, where dynamo breaks the graph. hfax runs every expert on every token
+    # instead: one graph, and transformers' logits.
+    from torch._dynamo.utils import counters
+
+    expected, inputs, real = eager_experts_batch(tmp_path)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
+    counters.clear()
+    actual = model(**{name: torch.tensor(value) for name, value in inputs.items()}).logits
+    np.testing.assert_allclose(as_numpy(actual)[real], expected[real], atol=1e-4, rtol=0)
+    assert not counters["graph_break"], dict(counters["graph_break"])
 
 
 RECURRENT = {

@@ -8,6 +8,8 @@ in ways that do:
   backend lowers that to ``jax.lax.ragged_dot``; torch_xla 2.9 sends the integer ``histc`` to PyTorch's CPU
   kernel, which has none, and its group sizes would change the lazy graph with every routing. For it,
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
+  A class that defaults to ``"eager"`` (a loop over the experts hit) gets the backend's choice too
+  (:func:`compile_experts`).
 * a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
   of each): DBRX, LongCat-Flash, Switch Transformers; JetMoE (its experts and its mixture of attention heads) splits the tokens
   sorted by expert by a Python list of counts; X-MOD's language adapters, a mixture routed by each row's
@@ -182,27 +184,35 @@ LOOPS = {
 }
 
 
-def use_every_expert(model: Any, patcher: Any) -> None:
-    """Compute ``model``'s transformers expert layers by :func:`every_expert` where they would use
-    ``"grouped_mm"`` (an implementation the user chose otherwise is kept), through transformers' own
-    extension point."""
+def compile_experts(model: Any, patcher: Any, implementation: str) -> None:
+    """Compute ``model``'s transformers expert layers by ``implementation`` (``"grouped_mm"``, or
+    :data:`NAME` for :func:`every_expert`) where they run what transformers picks when nobody asks, through
+    transformers' own extension point. That is ``"grouped_mm"``, or ``"eager"`` where the model class
+    defaults to it (OpenAI Privacy Filter, which fears grouped_mm's order of additions): eager loops over the
+    experts a batch hits by ``nonzero``, which no compiled program can size. The products per token are the
+    same. An implementation the user chose is kept (a user's ``"eager"`` on a class that defaults to it
+    looks the same, and is switched)."""
     configs = {
         id(module.config): module.config
         for module in model.modules()
         # What `@use_experts_implementation` gives a layer; its forward dispatches on the config's name.
         if hasattr(module, "_is_expert_parallel") and hasattr(module, "has_gate")
     }
+    defaults = {"grouped_mm"}
+    if configs and model.get_correct_experts_implementation(None) == "eager":
+        defaults.add("eager")
     chosen = [
         config
         for config in configs.values()
-        if getattr(config, "_experts_implementation", None) == "grouped_mm"
+        if getattr(config, "_experts_implementation", None) in defaults - {implementation}
     ]
     if not chosen:
         return
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    if implementation == NAME:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    if NAME not in ALL_EXPERTS_FUNCTIONS:
-        ALL_EXPERTS_FUNCTIONS.register(NAME, every_expert)
+        if NAME not in ALL_EXPERTS_FUNCTIONS:
+            ALL_EXPERTS_FUNCTIONS.register(NAME, every_expert)
     for config in chosen:
         # Beneath the property, whose setter would also switch every sub-config.
-        patcher.setattr(config, "_experts_implementation_internal", NAME)
+        patcher.setattr(config, "_experts_implementation_internal", implementation)

@@ -466,6 +466,27 @@ def longformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.nd
     return expected, inputs, mask.astype(bool)
 
 
+def eager_experts_batch(
+    directory: str | Path,
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """A tiny OpenAI Privacy Filter token classifier saved to ``directory``: a mixture of experts whose class
+    picks transformers' eager expert loop when nobody asks. transformers' logits for a left-padded batch,
+    the inputs, and the mask of real tokens."""
+    import transformers
+
+    config = transformers.OpenAIPrivacyFilterConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+        max_position_embeddings=64, num_labels=3, pad_token_id=0,
+    )  # fmt: skip
+    reference = save_tiny(config, directory, "AutoModelForTokenClassification", spread=True)
+    assert reference.config._experts_implementation == "eager", "the class's own default changed"
+    ids, mask = left_padded([[5, 9, 13, 2, 44, 7], [3, 8, 21, 30]])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    expected = reference_forward(reference, **inputs).logits.float().numpy()
+    return expected, inputs, mask.astype(bool)
+
+
 def eos_classifier(directory: str | Path, family: str) -> tuple[Any, dict[str, np.ndarray]]:
     """A tiny ``BartForSequenceClassification`` (``family="bart"``) or ``T5ForSequenceClassification``
     (``"t5"``) saved to ``directory``, and a left-padded batch whose rows hold two ``<eos>`` each, at

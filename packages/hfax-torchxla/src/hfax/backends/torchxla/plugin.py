@@ -37,7 +37,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     patcher.bind_by_class(model, size_reads.SIZE_READS)
     patcher.bind_by_class(model, clamped_slices.CLAMPED_SLICES)
     linear.patch(model, patcher)
-    experts.use_every_expert(model, patcher)
+    experts.compile_experts(model, patcher, experts.NAME)
 
 
 @hookimpl
