@@ -1,8 +1,10 @@
 """Vision encoders' forward on every installed backend within 1e-4 of transformers: ViT image classification, CLIP's
-image-text similarities."""
+image-text similarities; and Ovis2's images and visual indicators merged into its text, compiled."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,3 +80,32 @@ def test_clip_image_text_similarities(clip):
         actual.vision_model_output.last_hidden_state,
         expected.vision_model_output.last_hidden_state,
     )
+
+
+def test_ovis2_places_its_visual_indicators_compiled(tmp_path, backend):
+    # Ovis2 writes each visual indicator's embedding under `if mask.any()` (jit cannot branch on it);
+    # hfax.ovis2 writes it by torch.where. Prompts with an indicator before and after their image: the
+    # compiled forward within 1e-4 and greedy tokens equal to transformers'.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import coverage_checks
+    import tiny_configs
+
+    model_class, config_class = coverage_checks.model_classes("image_text_to_text", "ovis2")
+    config = tiny_configs.tiny_config("ovis2", config_class=config_class)
+    reference = coverage_checks._saved(model_class, config, str(tmp_path))
+    ids, mask, _ = coverage_checks.prompt_ids(reference.config)
+    inputs = coverage_checks._image_text_inputs(reference, ids, mask)
+    ids = inputs["input_ids"]
+    image = (ids[0] == reference.config.image_token_id).nonzero()[:, 0]
+    before, after = reference.config.visual_indicator_token_ids[:2]
+    ids[:, image[0] - 1], ids[:, image[-1] + 1] = before, after  # real tokens of both rows
+    with torch.no_grad():
+        expected = reference(**inputs).logits.numpy()
+        tokens = reference.generate(**inputs, max_new_tokens=6, do_sample=False).numpy()
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    arrays = {name: value.numpy() for name, value in inputs.items()}
+    real = arrays["attention_mask"].astype(bool)
+    np.testing.assert_allclose(
+        as_numpy(model(**arrays).logits)[real], expected[real], atol=TOLERANCE, rtol=0
+    )
+    np.testing.assert_array_equal(as_numpy(model.generate(**arrays, max_new_tokens=6)), tokens)

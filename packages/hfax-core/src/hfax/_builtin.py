@@ -18,14 +18,15 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     (:mod:`hfax.longformer`), encoder-decoder classifiers gather each row's last ``<eos>`` state
     (:mod:`hfax.eos_pooling`), decoders that drop their mask on one-token steps get it back
     (:mod:`hfax.step_masks`), position embeddings that count from the cache's length size their range
-    statically (:mod:`hfax.cache_positions`) and FSMT always makes its decoder's padding mask
-    (:mod:`hfax.fsmt`)."""
+    statically (:mod:`hfax.cache_positions`), FSMT always makes its decoder's padding mask
+    (:mod:`hfax.fsmt`) and Ovis2 places its visual indicators without a branch (:mod:`hfax.ovis2`)."""
     from hfax import (
         cache_positions,
         eos_pooling,
         experts,
         fsmt,
         longformer,
+        ovis2,
         prophetnet,
         sparse_attention,
         step_masks,
@@ -39,6 +40,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     patcher.bind_by_class(model, step_masks.STEPS)
     patcher.bind_by_class(model, cache_positions.COUNTED)
     patcher.bind_by_class(model, fsmt.MASKS)
+    patcher.bind_by_class(model, ovis2.INDICATORS)
 
 
 @hookimpl(trylast=True)
