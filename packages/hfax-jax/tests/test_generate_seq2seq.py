@@ -13,9 +13,11 @@ import hfax
 from hfax.testing import (
     assert_same_continuation,
     bert2bert_config,
+    fsmt_config,
     led_config,
     reference_generate,
     save_tiny,
+    switch_config,
 )
 
 SOURCES = [[5, 17, 33, 9, 41, 8, 22], [12, 50, 7, 31]]
@@ -69,46 +71,13 @@ CONFIGS = {
     "led": lambda: led_config(PAD),
     # FSMT applies no decoder mask over a cache, and drops its padding mask when there is no padding
     # (hfax.fsmt).
-    "fsmt": lambda: transformers.FSMTConfig(
-        langs=["en", "de"],
-        src_vocab_size=64,
-        tgt_vocab_size=64,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-        bos_token_id=1,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        num_beams=1,
-    ),
+    "fsmt": lambda: fsmt_config(PAD),
     # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
     # (`position_ids[:, past : past + n]`: hfax.cache_positions).
     "bert2bert": lambda: bert2bert_config(PAD),
     # Switch Transformers loops over the experts its tokens hit (hfax.experts); each expert takes at most
     # 3 tokens of a sequence.
-    "switch_transformers": lambda: transformers.SwitchTransformersConfig(
-        vocab_size=64,
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        num_experts=4,
-        expert_capacity=3,
-        encoder_sparse_step=1,
-        decoder_sparse_step=1,
-        relative_attention_num_buckets=8,
-        decoder_start_token_id=PAD,
-        pad_token_id=PAD,
-        eos_token_id=1,
-    ),
+    "switch_transformers": lambda: switch_config(PAD),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.
     "t5gemma": lambda: transformers.T5GemmaConfig(
         encoder=T5GEMMA_MODULE,

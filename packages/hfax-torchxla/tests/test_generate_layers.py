@@ -21,10 +21,12 @@ from hfax.testing import (
     assert_same_continuation,
     bert2bert_config,
     eager_experts_batch,
+    fsmt_config,
     led_config,
     left_padded,
     reference_generate,
     save_tiny,
+    switch_config,
     tiny_config,
 )
 
@@ -405,16 +407,25 @@ COUNTED_POSITIONS = {
     # LED's encoder is Longformer's windowed attention (a window shorter than the prompts), and its decoder
     # applies no mask to a one-token step (hfax.step_masks).
     "led": lambda: led_config(PAD),
+    # FSMT's sinusoidal table grows itself when the positions outrun it, a branch on the count.
+    "fsmt": lambda: fsmt_config(PAD),
 }
 
 
 @pytest.mark.parametrize("name", sorted(COUNTED_POSITIONS))
 def test_positions_counted_from_the_cache_length(name, tmp_path):
     # RoFormer's, LED's and BERT's decoders number a step's positions from the cache's count
-    # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size:
-    # hfax.cache_positions.
+    # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size, and FSMT
+    # grows its table when they outrun it: hfax.cache_positions.
     config = COUNTED_POSITIONS[name]()
     if config.is_encoder_decoder:
         assert_translates_like_transformers(config, tmp_path)
     else:
         assert_generates_like_transformers(config, tmp_path)
+
+
+def test_switch_transformers_routes_in_one_graph(tmp_path):
+    # Switch Transformers' router moves its classifier module in its forward (`Module.to`), which dynamo
+    # cannot trace, and its experts loop over the ones a batch hits: hfax.experts routes and runs them
+    # statically; the translations stay transformers'.
+    assert_translates_like_transformers(switch_config(PAD), tmp_path)

@@ -7,6 +7,11 @@ every position: torch_xla's dynamo bridge then has to read the tensor's value to
 refuses ("Data dependent operator", "Dynamic slicing with Tensor arguments"). ``past + torch.arange(n)``
 is the same range, sized by ``n`` alone.
 (hfax-jax's count, ``CacheLength``, sizes the original range itself; this form serves it too.)
+
+FSMT's sinusoidal table grows itself when ``past + n`` positions outrun it, a branch on the count. Its
+table holds ``max_position_embeddings`` positions past the padding index, and hfax's generate refuses a run
+that needs more before compiling (``hfax.generation.settings``), so with a tensor count the table is used
+as it is.
 """
 
 from __future__ import annotations
@@ -51,6 +56,17 @@ def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None
     )
 
 
+def fsmt_positions(self: Any, input: Any, *, past_key_values_length: Any = 0) -> Any:
+    """FSMT's ``SinusoidalPositionalEmbedding.forward``: each real token's position among the row's real
+    tokens, after ``past_key_values_length`` cached ones; with a tensor count, without growing the table."""
+    import torch
+
+    if not isinstance(past_key_values_length, torch.Tensor):
+        return type(self).forward(self, input, past_key_values_length=past_key_values_length)
+    positions = self.make_positions(input, self.padding_idx) + past_key_values_length
+    return torch.nn.Embedding.forward(self, positions)
+
+
 #: The position embeddings that count from the cache: class name -> (method, its replacement).
 COUNTED = {
     "MvpLearnedPositionalEmbedding": ("forward", counted_positions),
@@ -58,4 +74,8 @@ COUNTED = {
     "RoFormerSinusoidalPositionalEmbedding": ("forward", counted_positions),
     "LEDLearnedPositionalEmbedding": ("forward", counted_positions),
     "BertEmbeddings": ("forward", bert_embeddings),
+    "SinusoidalPositionalEmbedding": (
+        "forward",
+        fsmt_positions,
+    ),  # FSMT's (the only class of that name)
 }

@@ -172,8 +172,29 @@ def switch_experts(
     return (out * weights[..., None]).sum(0).to(hidden_states.dtype)
 
 
+def switch_router(self: Any, hidden_states: Any) -> Any:
+    """``SwitchTransformersTop1Router.forward`` outside training: transformers' routing (each token's most
+    probable expert, one-hot, zero past the expert's capacity; that probability; the logits), with the
+    classifier's weight cast to the router's dtype inside the product. transformers moves the classifier
+    module itself in its forward (``self.classifier = self.classifier.to(self.dtype)``), which torch_xla's
+    dynamo bridge cannot trace."""
+    import torch
+
+    if self.training:  # jitter noise
+        return type(self).forward(self, hidden_states)
+    classifier = self.classifier
+    bias = None if classifier.bias is None else classifier.bias.to(self.dtype)
+    logits = torch.nn.functional.linear(
+        hidden_states.to(self.dtype), classifier.weight.to(self.dtype), bias
+    )
+    probabilities = torch.softmax(logits, dim=-1, dtype=self.dtype).to(hidden_states.dtype)
+    chosen = torch.nn.functional.one_hot(probabilities.argmax(-1), num_classes=self.num_experts)
+    within_capacity = chosen.cumsum(-2) <= self.expert_capacity
+    return chosen * within_capacity, probabilities.max(-1).values.unsqueeze(-1), logits
+
+
 #: transformers' classes with a method that loops over the experts a batch hits: class name -> (method,
-#: its replacement).
+#: its replacement); and Switch Transformers' router, which moves its classifier in its forward.
 LOOPS = {
     "DbrxExperts": ("forward", dbrx_experts),
     "LongcatFlashExperts": ("forward", longcat_experts),
@@ -181,6 +202,7 @@ LOOPS = {
     "JetMoeTopKGating": ("forward", jetmoe_gating),
     "JetMoeParallelExperts": ("forward", jetmoe_parallel_experts),
     "SwitchTransformersExperts": ("forward", switch_experts),
+    "SwitchTransformersTop1Router": ("forward", switch_router),
 }
 
 

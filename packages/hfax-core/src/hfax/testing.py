@@ -528,6 +528,31 @@ def bert2bert_config(pad_token_id: int) -> Any:
     return config
 
 
+def fsmt_config(pad_token_id: int) -> Any:
+    """A tiny ``FSMTConfig`` (English to German), start token 2, end token 2."""
+    import transformers
+
+    return transformers.FSMTConfig(
+        langs=["en", "de"], src_vocab_size=64, tgt_vocab_size=64, d_model=32, encoder_layers=2,
+        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=pad_token_id, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=2, num_beams=1,
+    )  # fmt: skip
+
+
+def switch_config(pad_token_id: int) -> Any:
+    """A tiny ``SwitchTransformersConfig``: 4 experts in every layer, each taking at most 3 tokens of a
+    sequence; start token ``pad_token_id``, end token 1."""
+    import transformers
+
+    return transformers.SwitchTransformersConfig(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        num_experts=4, expert_capacity=3, encoder_sparse_step=1, decoder_sparse_step=1,
+        relative_attention_num_buckets=8, decoder_start_token_id=pad_token_id,
+        pad_token_id=pad_token_id, eos_token_id=1,
+    )  # fmt: skip
+
+
 def led_config(pad_token_id: int) -> Any:
     """A tiny ``LEDConfig`` whose encoder window (4 tokens) is shorter than the sources it is given: start
     and end token 2."""
