@@ -409,14 +409,18 @@ COUNTED_POSITIONS = {
     "led": lambda: led_config(PAD),
     # FSMT's sinusoidal table grows itself when the positions outrun it, a branch on the count.
     "fsmt": lambda: fsmt_config(PAD),
+    # MPT chooses its ALiBi bias's query rows by the count (a slice at max(0, rows - (n + past))).
+    "mpt": lambda: transformers.MptConfig(
+        vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, pad_token_id=PAD
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(COUNTED_POSITIONS))
 def test_positions_counted_from_the_cache_length(name, tmp_path):
     # RoFormer's, LED's and BERT's decoders number a step's positions from the cache's count
-    # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size, and FSMT
-    # grows its table when they outrun it: hfax.cache_positions.
+    # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size, FSMT
+    # grows its table when they outrun it, MPT slices its bias by it: hfax.cache_positions.
     config = COUNTED_POSITIONS[name]()
     if config.is_encoder_decoder:
         assert_translates_like_transformers(config, tmp_path)

@@ -12,6 +12,10 @@ FSMT's sinusoidal table grows itself when ``past + n`` positions outrun it, a br
 table holds ``max_position_embeddings`` positions past the padding index, and hfax's generate refuses a run
 that needs more before compiling (``hfax.generation.settings``), so with a tensor count the table is used
 as it is.
+
+MPT's attention reads the count only to choose its ALiBi bias's query rows (``max(0, rows - (n + past))``,
+a slice at a tensor): the bias it builds has one row, which every count chooses, so the attention is
+handed the cache with a count of 0 for that choice.
 """
 
 from __future__ import annotations
@@ -67,15 +71,40 @@ def fsmt_positions(self: Any, input: Any, *, past_key_values_length: Any = 0) ->
     return torch.nn.Embedding.forward(self, positions)
 
 
-#: The position embeddings that count from the cache: class name -> (method, its replacement).
+class _BiasRows:
+    """The cache as :func:`mpt_attention` hands it to ``MptAttention.forward``: ``update`` is the cache's;
+    ``get_seq_length`` is 0, which chooses the one query row of MPT's bias as the true count does."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return self.cache.update(*args, **kwargs)
+
+    def get_seq_length(self, *args: Any) -> int:
+        return 0
+
+
+def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, past_key_values: Any = None,
+                  attention_mask: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+    """``MptAttention.forward``, its bias's query rows chosen without reading the cache's count (a tensor
+    under hfax's static cache) where the bias has a single row, as ``MptModel`` builds it."""
+    if past_key_values is not None and position_bias is not None and position_bias.size(1) == 1:
+        past_key_values = _BiasRows(past_key_values)
+    return type(self).forward(
+        self, hidden_states, position_bias, past_key_values, attention_mask, **kwargs
+    )
+
+
+#: The position embeddings that count from the cache, and MPT's attention: class name -> (method, its
+#: replacement).
 COUNTED = {
     "MvpLearnedPositionalEmbedding": ("forward", counted_positions),
     "TrOCRLearnedPositionalEmbedding": ("forward", counted_positions),
     "RoFormerSinusoidalPositionalEmbedding": ("forward", counted_positions),
     "LEDLearnedPositionalEmbedding": ("forward", counted_positions),
     "BertEmbeddings": ("forward", bert_embeddings),
-    "SinusoidalPositionalEmbedding": (
-        "forward",
-        fsmt_positions,
-    ),  # FSMT's (the only class of that name)
+    # FSMT's, the only class of that name in transformers
+    "SinusoidalPositionalEmbedding": ("forward", fsmt_positions),
+    "MptAttention": ("forward", mpt_attention),
 }
