@@ -82,19 +82,25 @@ def test_clip_image_text_similarities(clip):
     )
 
 
-def test_ovis2_places_its_visual_indicators_compiled(tmp_path, backend):
-    # Ovis2 writes each visual indicator's embedding under `if mask.any()` (jit cannot branch on it);
-    # hfax.ovis2 writes it by torch.where. Prompts with an indicator before and after their image: the
-    # compiled forward within 1e-4 and greedy tokens equal to transformers'.
+def sweep_image_text_model(name: str, directory: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The coverage sweep's tiny image-text model ``name`` saved to ``directory`` (the reference, loaded
+    back) and its inputs: a left-padded batch with one image per prompt (tools/coverage_checks.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import coverage_checks
     import tiny_configs
 
-    model_class, config_class = coverage_checks.model_classes("image_text_to_text", "ovis2")
-    config = tiny_configs.tiny_config("ovis2", config_class=config_class)
-    reference = coverage_checks._saved(model_class, config, str(tmp_path))
+    model_class, config_class = coverage_checks.model_classes("image_text_to_text", name)
+    config = tiny_configs.tiny_config(name, config_class=config_class)
+    reference = coverage_checks._saved(model_class, config, str(directory))
     ids, mask, _ = coverage_checks.prompt_ids(reference.config)
-    inputs = coverage_checks._image_text_inputs(reference, ids, mask)
+    return reference, coverage_checks._image_text_inputs(reference, ids, mask)
+
+
+def test_ovis2_places_its_visual_indicators_compiled(tmp_path, backend):
+    # Ovis2 writes each visual indicator's embedding under `if mask.any()` (jit cannot branch on it);
+    # hfax.ovis2 writes it by torch.where. Prompts with an indicator before and after their image: the
+    # compiled forward within 1e-4 and greedy tokens equal to transformers'.
+    reference, inputs = sweep_image_text_model("ovis2", tmp_path)
     ids = inputs["input_ids"]
     image = (ids[0] == reference.config.image_token_id).nonzero()[:, 0]
     before, after = reference.config.visual_indicator_token_ids[:2]
@@ -109,3 +115,15 @@ def test_ovis2_places_its_visual_indicators_compiled(tmp_path, backend):
         as_numpy(model(**arrays).logits)[real], expected[real], atol=TOLERANCE, rtol=0
     )
     np.testing.assert_array_equal(as_numpy(model.generate(**arrays, max_new_tokens=6)), tokens)
+
+
+def test_florence2_generates_from_an_image(tmp_path, backend):
+    # Florence-2 is an encoder-decoder whose encoder takes text embeddings only: the image's features
+    # replace the image tokens' embeddings before the encoder runs (hfax.generation.inputs.encode), in
+    # prefill; then the decoder's loop. Greedy tokens of a left-padded batch equal transformers'.
+    reference, inputs = sweep_image_text_model("florence2", tmp_path)
+    with torch.no_grad():
+        tokens = reference.generate(**inputs, max_new_tokens=8, do_sample=False).numpy()
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend=backend)
+    arrays = {name: value.numpy() for name, value in inputs.items()}
+    np.testing.assert_array_equal(as_numpy(model.generate(**arrays, max_new_tokens=8)), tokens)

@@ -295,11 +295,16 @@ def _reference(kind: str, model_type: str, directory: str) -> dict[str, Any]:
         start = start if isinstance(start, int) else pad
         inputs["decoder_input_ids"] = torch.cat([torch.full((2, 1), start), ids[:, -4:]], dim=1)
     output = _forward(model, inputs)
-    valid = None if kind in ("seq2seq", "classification") else inputs["attention_mask"]
+    # An encoder-decoder's output is its decoder's (Florence-2 among the image-text models), which the
+    # source's mask does not describe.
+    decoded = kind == "seq2seq" or (
+        kind == "image_text_to_text" and model.config.is_encoder_decoder
+    )
+    valid = None if kind == "classification" or decoded else inputs["attention_mask"]
     result = {"inputs": inputs, "output": _output(kind, output), "valid": valid}
     if kind in GENERATING:
         result.update(_reference_tokens(model, inputs, pad))
-        result["start"] = 1 if kind == "seq2seq" else inputs["input_ids"].shape[1]
+        result["start"] = 1 if decoded else inputs["input_ids"].shape[1]
     return result
 
 

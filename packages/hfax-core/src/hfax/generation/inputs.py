@@ -10,6 +10,8 @@ methods do them here:
   (start, language and task tokens) from transformers' Whisper generation methods;
 * a model with multimodal rotary positions (Qwen2-VL's ``get_rope_index``) gets its prompt's positions and
   each row's offset for the tokens after it computed on the host;
+* an encoder-decoder whose images reach its encoder as embeddings (Florence-2: the encoder takes text
+  embeddings only) has them merged at their placeholder tokens before its encoder runs (:func:`encode`);
 * ``num_beams`` / ``num_return_sequences`` repeat the inputs that have one entry per prompt.
 """
 
@@ -267,3 +269,30 @@ def whisper_result(sequences: np.ndarray, width: int, eos: list[int], pad: int) 
     for index, row in enumerate(rows):
         result[index, : row.size] = row
     return result
+
+
+def merges_images(module: Any) -> bool:
+    """Whether ``module`` is an encoder-decoder whose encoder takes no ``pixel_values`` but which merges an
+    image's features into the encoder's input embeddings itself (``get_image_features`` and
+    ``get_placeholder_mask``, as Florence-2 does in its forward and in its ``generate``)."""
+    encoder = module.get_encoder()
+    return (
+        "pixel_values" not in inspect.signature(encoder.forward).parameters
+        and callable(getattr(module, "get_image_features", None))
+        and callable(getattr(module, "get_placeholder_mask", None))
+    )
+
+
+def encode(module: Any, source: dict[str, Any]) -> Any:
+    """An encoder-decoder's encoder run on its inputs by name (torch tensors), as transformers' ``generate``
+    runs it: where the encoder takes no images (:func:`merges_images`), the image features replace the
+    image tokens' embeddings first and the encoder reads the embeddings."""
+    if "pixel_values" in source and merges_images(module):
+        source = dict(source)
+        ids, pixels = source.pop("input_ids"), source.pop("pixel_values")
+        embeds = module.get_input_embeddings()(ids)
+        features = module.get_image_features(pixel_values=pixels)
+        features = getattr(features, "pooler_output", features).to(embeds.dtype)
+        at_images = module.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=features)
+        source["inputs_embeds"] = embeds.masked_scatter(at_images, features)
+    return module.get_encoder()(**source, return_dict=True)

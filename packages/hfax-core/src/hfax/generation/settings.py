@@ -399,10 +399,13 @@ def _main_input(
 def _encoder_inputs(module: Any, ids: np.ndarray | None, mask: np.ndarray | None,
                     extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # fmt: skip
     """The encoder's inputs by name: the source ids and mask, or the main input (``input_features``), with
-    the call's other inputs the encoder takes; any the encoder does not take is refused."""
+    the call's other inputs the encoder takes (and images a model merges into them:
+    :func:`hfax.generation.inputs.encode`); any other is refused."""
     import inspect
 
     accepted = set(inspect.signature(module.get_encoder().forward).parameters)
+    if ids is not None and model_inputs.merges_images(module):
+        accepted.add("pixel_values")
     source = {} if ids is None else {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
     for name in sorted(extra):
         if name == "decoder_input_ids":

@@ -32,6 +32,7 @@ from hfax.backends.jax import constants as held
 from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
+from hfax.generation.inputs import encode
 from hfax.generation.shapes import Appended, accepts, appended_token, cache_argument
 
 
@@ -222,7 +223,7 @@ class _Encoder(torch.nn.Module):
         self.model = model
 
     def forward(self, **inputs: Any) -> Any:
-        return self.model.get_encoder()(**inputs, return_dict=True)
+        return encode(self.model, inputs)
 
 
 def _prefixed(params: dict[str, Any]) -> dict[str, Any]:

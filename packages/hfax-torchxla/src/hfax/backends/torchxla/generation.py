@@ -45,6 +45,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 from hfax import masks
 from hfax.backends.torchxla import linear, runtime
 from hfax.generation import driver, shapes, tokens
+from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import STREAM_CHUNK, accepts
 
 #: XLA programs a process may compile before generate stops adding buckets (see the module docstring).
@@ -211,9 +212,10 @@ def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, a
 
 def encode(module: Any, source: dict[str, Any]) -> dict[str, Any]:
     """An encoder-decoder's encoder run once on its inputs by name (text ids and mask, or audio
-    features): ``{"encoded": output, "mask": mask}`` as the decoder's steps take them. The encoder runs
-    alone, as in transformers' ``generate``, and its own output type reaches the decoder."""
-    encoded = module.get_encoder()(**source, return_dict=True)
+    features, or text and images: :func:`hfax.generation.inputs.encode`): ``{"encoded": output, "mask":
+    mask}`` as the decoder's steps take them. The encoder runs alone, as in transformers' ``generate``, and
+    its own output type reaches the decoder."""
+    encoded = model_inputs.encode(module, source)
     mask = source.get("attention_mask")
     return {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
 
