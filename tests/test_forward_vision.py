@@ -1,5 +1,6 @@
 """Vision encoders' forward on every installed backend within 1e-4 of transformers: ViT image classification, CLIP's
-image-text similarities; and Ovis2's images and visual indicators merged into its text, compiled."""
+image-text similarities; and two image-text models of the coverage sweep compiled against transformers: Ovis2's
+visual indicators, Florence-2's images merged into its encoder's embeddings."""
 
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def test_clip_image_text_similarities(clip):
 def sweep_image_text_model(name: str, directory: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     """The coverage sweep's tiny image-text model ``name`` saved to ``directory`` (the reference, loaded
     back) and its inputs: a left-padded batch with one image per prompt (tools/coverage_checks.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    tools = str(Path(__file__).resolve().parents[1] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
     import coverage_checks
     import tiny_configs
 
