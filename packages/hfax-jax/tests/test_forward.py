@@ -159,6 +159,18 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
         np.testing.assert_allclose(np.asarray(logits)[real], expected[real], atol=1e-4, rtol=0)
 
 
+def test_reformer_axial_positions_compiled(tmp_path):
+    # transformers' Reformer cuts its grid of axial positions to the rows `position_ids.max().item()`
+    # reaches: hfax.axial_positions looks the ids up in the whole grid.
+    import hfax
+    from hfax.testing import reformer_batch
+
+    expected, inputs, real = reformer_batch(tmp_path)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    for logits in (model(**inputs).logits, model.apply(model.params, **inputs).logits):
+        np.testing.assert_allclose(np.asarray(logits)[real], expected[real], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
     # transformers selects the <eos> states with a boolean index, a data-dependent shape: hfax.eos_pooling

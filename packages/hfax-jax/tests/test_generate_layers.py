@@ -17,6 +17,7 @@ from hfax.testing import (
     assert_same_continuation,
     eager_experts_batch,
     left_padded,
+    prophetnet_config,
     reference_generate,
     save_tiny,
 )
@@ -164,12 +165,7 @@ def test_model_positioned_by_the_cache_length_and_masking_no_key(tmp_path):
     # ProphetNet's decoder takes a decode step's position from the cache length with int() (which fails to
     # trace), its relative-position buckets from the keys' indices, and masks no key; its first n-gram
     # stream gives the logits. hfax.prophetnet gives it transformers' positions, buckets and masks.
-    config = transformers.ProphetNetConfig(
-        vocab_size=64, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
-        num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4, ngram=2,
-        num_buckets=8, relative_max_distance=16, max_position_embeddings=64,
-    )  # fmt: skip
-    assert_generates_like_transformers(config, tmp_path)
+    assert_generates_like_transformers(prophetnet_config(), tmp_path)
 
 
 def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):

@@ -81,6 +81,70 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
     np.testing.assert_allclose(logits[real], expected[real], atol=1e-4, rtol=0)
 
 
+def test_reformer_axial_positions_in_one_graph(tmp_path):
+    # transformers' Reformer cuts its grid of axial positions at `position_ids.max().item()`, where dynamo
+    # breaks the graph; hfax.axial_positions looks the ids up in the whole grid.
+    from torch._dynamo.utils import counters
+
+    import hfax
+    from hfax.testing import reformer_batch
+
+    expected, inputs, real = reformer_batch(tmp_path)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="torch_xla")
+    counters.clear()
+    logits = as_numpy(model(**inputs).logits)
+    np.testing.assert_allclose(logits[real], expected[real], atol=1e-4, rtol=0)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_in_place_view_calls_compile_like_their_out_of_place_forms():
+    # torch 2.9's functionalization fails on `x.unsqueeze_(...)` for XLA tensors; hfax rewrites dynamo's
+    # graph so that later uses read the out-of-place view. Views taken before a call keep their shape.
+    import torch_xla
+
+    from hfax.backends.torchxla import inplace_views
+
+    def shapes(x):
+        y = x * 2
+        before = y[0]
+        y.unsqueeze_(0)
+        y.transpose_(0, 1)
+        moved = y + 1
+        y.squeeze_(1)
+        counts = torch.argmax(x, dim=-1)
+        counts.unsqueeze_(1)
+        return moved, before, y, counts * 3
+
+    x = torch.arange(6.0).reshape(2, 3)
+    compiled = torch.compile(shapes, backend=inplace_views.openxla_backend(), fullgraph=True)
+    for got, want in zip(compiled(x.to(torch_xla.device())), shapes(x)):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_big_bird_question_answering_compiled(tmp_path):
+    # BigBird's question answering marks the question with `question_lengths.unsqueeze_(1)` and
+    # `logits_mask.unsqueeze_(2)`: hfax.backends.torchxla.inplace_views lets it compile.
+    import transformers
+
+    import hfax
+    from hfax.testing import left_padded, reference_forward, save_tiny
+
+    config = transformers.BigBirdConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=128, max_position_embeddings=64, attention_type="original_full", pad_token_id=0,
+        sep_token_id=2,
+    )  # fmt: skip
+    reference = save_tiny(config, tmp_path, "AutoModelForQuestionAnswering", spread=True)
+    ids, mask = left_padded([[1, 7, 9, 2, 30, 31, 32, 33, 2], [1, 12, 2, 40, 41, 2]])
+    expected = reference_forward(reference, input_ids=ids, attention_mask=mask)
+    model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="torch_xla")
+    output = model(input_ids=ids, attention_mask=mask)
+    real = mask.astype(bool)
+    for name in ("start_logits", "end_logits"):
+        got, want = as_numpy(getattr(output, name)), getattr(expected, name).numpy()
+        np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
     # hfax.eos_pooling gathers each row's last <eos> state instead of transformers' boolean index, and

@@ -24,6 +24,7 @@ from hfax.testing import (
     fsmt_config,
     led_config,
     left_padded,
+    prophetnet_config,
     reference_generate,
     save_tiny,
     switch_config,
@@ -426,6 +427,14 @@ def test_positions_counted_from_the_cache_length(name, tmp_path):
         assert_translates_like_transformers(config, tmp_path)
     else:
         assert_generates_like_transformers(config, tmp_path)
+
+
+def test_prophetnet_decodes_over_the_static_cache(tmp_path):
+    # ProphetNet's decoder builds its prefill masks for the fed tokens alone (the full-length cache gave it
+    # 26 slots), and branches on the cache's count (a tensor in a decode step) and sets a ContextVar,
+    # neither of which dynamo traces: hfax.prophetnet. Decoder-only, then encoder-decoder.
+    assert_generates_like_transformers(prophetnet_config(), tmp_path / "decoder")
+    assert_translates_like_transformers(prophetnet_config(), tmp_path / "seq2seq")
 
 
 def test_switch_transformers_routes_in_one_graph(tmp_path):

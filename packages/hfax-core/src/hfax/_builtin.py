@@ -19,8 +19,10 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     (:mod:`hfax.eos_pooling`), decoders that drop their mask on one-token steps get it back
     (:mod:`hfax.step_masks`), position embeddings that count from the cache's length size their range
     statically (:mod:`hfax.cache_positions`), FSMT always makes its decoder's padding mask
-    (:mod:`hfax.fsmt`) and Ovis2 places its visual indicators without a branch (:mod:`hfax.ovis2`)."""
+    (:mod:`hfax.fsmt`), Ovis2 places its visual indicators without a branch (:mod:`hfax.ovis2`) and
+    Reformer looks its axial positions up in the whole grid (:mod:`hfax.axial_positions`)."""
     from hfax import (
+        axial_positions,
         cache_positions,
         eos_pooling,
         experts,
@@ -41,6 +43,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     patcher.bind_by_class(model, cache_positions.COUNTED)
     patcher.bind_by_class(model, fsmt.MASKS)
     patcher.bind_by_class(model, ovis2.INDICATORS)
+    patcher.bind_by_class(model, axial_positions.AXIAL)
 
 
 @hookimpl(trylast=True)

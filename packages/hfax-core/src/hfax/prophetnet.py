@@ -13,6 +13,12 @@ masks transformers computes, so tokens equal transformers' for a padded batch to
 
 The logits come from the first of the n-gram predicting streams, which attend to the main stream's keys:
 their mask over the slots matters as much as the main stream's.
+
+torch_xla's cache is full length from the prefill on, where transformers' prefill builds its masks for the
+fed tokens and attends to the keys its cache returns: the prefill gets the fed tokens' columns of the mask
+and of the cache (they fill the first slots). Under dynamo (torch_xla's decode step), which traces neither
+``ContextVar.set`` nor a branch on a tensor, the values wait in a plain list, and transformers' decoder is
+told a count of 1 for its ``count != 0`` branch (the layers read the true count).
 """
 
 from __future__ import annotations
@@ -20,11 +26,24 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from transformers.cache_utils import EncoderDecoderCache
+
 #: During one decoder forward: its 2-D padding mask (``[batch, slots]``), its positions' padding index and
 #: how many tokens its cache held before (the slot the fed token fills), for the layers below it.
 _SLOTS: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "hfax_prophetnet_slots", default=(None, 0, 0)
 )
+
+
+#: The same values while dynamo traces the decoder (torch_xla), innermost last: dynamo cannot trace
+#: ``ContextVar.set``, but it traces a global list's appends, and it traces one frame at a time.
+_TRACED: list[Any] = [(None, 0, 0)]
+
+
+def _current() -> Any:
+    import torch
+
+    return _TRACED[-1] if torch.compiler.is_compiling() else _SLOTS.get()
 
 
 def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -35,11 +54,62 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         cache = cache.self_attention_cache
     written = cache.get_seq_length() if cache is not None else 0
     padding_idx = self.position_embeddings.padding_idx
-    token = _SLOTS.set((kwargs.get("attention_mask"), padding_idx, written))
+    slots = kwargs.get("attention_mask")
+    fed = next((kwargs[name].shape[1] for name in ("input_ids", "inputs_embeds")
+                if kwargs.get(name) is not None), None)  # fmt: skip
+    if isinstance(written, int) and written == 0 and fed is not None and slots is not None:
+        # A prefill into an empty full-length cache (torch_xla's): transformers builds its masks for the
+        # fed tokens alone, which fill the first slots.
+        kwargs["attention_mask"] = slots[:, :fed]
+    import torch
+
+    if torch.compiler.is_compiling():
+        outer = kwargs.get("past_key_values")
+        if outer is not None and not isinstance(written, int):
+            # A decode step's count is a tensor, and transformers branches on `count != 0`, which dynamo
+            # cannot trace: the decoder gets the cache behind an object whose count is a nonzero int
+            # (the layers below read the true count, taken above).
+            counted = (
+                _CountedCrossCache if isinstance(outer, EncoderDecoderCache) else _CountedCache
+            )
+            kwargs["past_key_values"] = counted(outer)
+        _TRACED.append((slots, padding_idx, written))
+        try:
+            return type(self).forward(self, *args, **kwargs)
+        finally:
+            _TRACED.pop()
+    token = _SLOTS.set((slots, padding_idx, written))
     try:
         return type(self).forward(self, *args, **kwargs)
     finally:
         _SLOTS.reset(token)
+
+
+class _CountedCache:
+    """A decoder-only ProphetNet's cache during a decode step under dynamo: ``update`` is the cache's, and
+    ``get_seq_length`` is 1, which only tells transformers that the step decodes."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return self.cache.update(*args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 1
+
+
+class _CountedCrossCache(EncoderDecoderCache):
+    """The same for an encoder-decoder's cache: its caches and the cross-attention's ``is_updated`` flags
+    are the cache's own objects (what the layers write goes to the cache)."""
+
+    def __init__(self, cache: Any) -> None:  # transformers' __init__ would build new caches
+        self.self_attention_cache = cache.self_attention_cache
+        self.cross_attention_cache = cache.cross_attention_cache
+        self.is_updated = cache.is_updated
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 1
 
 
 def _decoding(slots: Any, written: Any, queries: int) -> bool:
@@ -63,7 +133,7 @@ def positional_forward(self: Any, inputs_shape: Any, device: Any, attention_mask
                        past_key_values: Any = None, position_ids: Any = None) -> Any:  # fmt: skip
     """``ProphetNetPositionalEmbeddings.forward``: transformers' positions (``padding_idx`` + 1 at its
     batch's first column), counted from the slots."""
-    slots, _, written = _SLOTS.get()
+    slots, _, written = _current()
     if slots is None or position_ids is not None:
         return type(self).forward(
             self, inputs_shape, device, attention_mask, past_key_values, position_ids
@@ -79,6 +149,19 @@ def positional_forward(self: Any, inputs_shape: Any, device: Any, attention_mask
     return self._forward(positions), positions
 
 
+class _Prefilled:
+    """The self-attention cache as a prefill into an empty full-length cache hands it to
+    ``ProphetNetNgramSelfAttention``: ``update`` writes the fed keys and values to the first slots, and
+    returns those slots alone, as transformers' cache of the fed tokens would."""
+
+    def __init__(self, cache: Any, fed: int) -> None:
+        self.cache, self.fed = cache, fed
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        keys, values = self.cache.update(*args, **kwargs)
+        return keys[:, :, : self.fed], values[:, :, : self.fed]
+
+
 def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any = None,
                             attention_mask: Any = None, extended_predict_attention_mask: Any = None,
                             main_relative_position_buckets: Any = None,
@@ -86,7 +169,7 @@ def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any 
                             **kwargs: Any) -> Any:  # fmt: skip
     """``ProphetNetNgramSelfAttention.forward``: a decode step gets the buckets and the masks transformers'
     cache would give it, from the slots."""
-    slots, padding_idx, written = _SLOTS.get()
+    slots, padding_idx, written = _current()
     batch, queries = hidden_states.shape[0], hidden_states.shape[1] // (1 + self.ngram)
     if (
         attention_mask is None
@@ -115,6 +198,14 @@ def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any 
         attention_mask = torch.where(seen, 0.0, blocked).to(hidden_states.dtype)[None, None, None]
         own = torch.zeros((1, 1, 1, 1), dtype=attention_mask.dtype, device=attention_mask.device)
         extended_predict_attention_mask = torch.cat([attention_mask, own], dim=-1)[None]
+    elif (
+        past_key_values is not None
+        and isinstance(written, int)
+        and written == 0
+        and slots is not None
+    ):
+        cache = getattr(past_key_values, "self_attention_cache", past_key_values)
+        past_key_values = _Prefilled(cache, queries)
     return type(self).forward(
         self,
         hidden_states,

@@ -466,6 +466,25 @@ def longformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.nd
     return expected, inputs, mask.astype(bool)
 
 
+def reformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """A tiny Reformer language model saved to ``directory`` whose 8 x 8 grid of axial positions is longer
+    than its prompts (transformers cuts the grid to the rows the prompts reach), and a left-padded batch:
+    transformers' logits for it, the inputs, and the mask of real tokens."""
+    import transformers
+
+    config = transformers.ReformerConfig(
+        hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
+        vocab_size=128, attn_layers=["local", "local"], local_attn_chunk_length=4,
+        axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 8], max_position_embeddings=64,
+        is_decoder=True, pad_token_id=0,
+    )  # fmt: skip
+    reference = save_tiny(config, directory, "AutoModelForCausalLM", spread=True)
+    ids, mask = left_padded([list(range(5, 17)), list(range(30, 37))])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    expected = reference_forward(reference, **inputs).logits.float().numpy()
+    return expected, inputs, mask.astype(bool)
+
+
 def eager_experts_batch(
     directory: str | Path,
 ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
@@ -537,6 +556,17 @@ def fsmt_config(pad_token_id: int) -> Any:
         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
         decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=pad_token_id, bos_token_id=1,
         eos_token_id=2, decoder_start_token_id=2, num_beams=1,
+    )  # fmt: skip
+
+
+def prophetnet_config() -> Any:
+    """A tiny ``ProphetNetConfig``: two predicting n-gram streams, 8 relative-position buckets."""
+    import transformers
+
+    return transformers.ProphetNetConfig(
+        vocab_size=64, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
+        num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4, ngram=2,
+        num_buckets=8, relative_max_distance=16, max_position_embeddings=64,
     )  # fmt: skip
 
 

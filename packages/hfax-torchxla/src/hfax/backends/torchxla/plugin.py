@@ -80,7 +80,7 @@ def hfax_compile_step(
     static_argnames: tuple[str, ...],
     donate_argnames: tuple[str, ...],
 ) -> Callable[..., Any] | None:
-    """``torch.compile(fn, backend="openxla")``: dynamo traces the step once per shape and Python constants
+    """``torch.compile(fn, backend="openxla")`` (after :mod:`hfax.backends.torchxla.inplace_views`): dynamo traces the step once per shape and Python constants
     (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA program
     without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in place.
     A call that fails leaves the process working (:func:`hfax.backends.torchxla.runtime.flushed_on_failure`)."""
@@ -88,9 +88,10 @@ def hfax_compile_step(
         return None
     import torch
 
-    from hfax.backends.torchxla import runtime
+    from hfax.backends.torchxla import inplace_views, runtime
 
     # The decode step must be one graph; a forward may break where a model does something dynamo cannot
-    # trace (the pieces still run on XLA).
-    compiled = torch.compile(fn, backend="openxla", fullgraph=name != "forward", dynamic=False)
+    # trace (the pieces still run on XLA). Each graph's in-place view calls become out-of-place first.
+    backend_fn = inplace_views.openxla_backend()
+    compiled = torch.compile(fn, backend=backend_fn, fullgraph=name != "forward", dynamic=False)
     return runtime.flushed_on_failure(compiled)
