@@ -437,6 +437,26 @@ def test_prophetnet_decodes_over_the_static_cache(tmp_path):
     assert_translates_like_transformers(prophetnet_config(), tmp_path / "seq2seq")
 
 
+def test_git_branching_on_the_cache_count(tmp_path):
+    # GIT's model compares the cache's count with 0 (to widen a 2-D mask over its cached image tokens),
+    # which dynamo cannot trace on a decode step's tensor count: hfax.backends.torchxla.step_counts.
+    config = transformers.GitConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 4, "image_size": 32, "patch_size": 16},
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=PAD, bos_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    reference, model = load(config, tmp_path)
+    options = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "pad_token_id": PAD}
+    # transformers' own left-padded GIT rows differ from the same prompts alone (its padding leaks into
+    # them), so each row is checked against its prompt generated alone.
+    ids, mask = left_padded(PROMPTS, pad_token_id=PAD)
+    actual = as_numpy(model.generate(ids, attention_mask=mask, **options))[:, ids.shape[1] :]
+    for row, prompt in enumerate(PROMPTS):
+        alone = reference_generate(reference, np.array([prompt]), **options)[0, len(prompt) :]
+        np.testing.assert_array_equal(actual[row], alone)
+
+
 def test_switch_transformers_routes_in_one_graph(tmp_path):
     # Switch Transformers' router moves its classifier module in its forward (`Module.to`), which dynamo
     # cannot trace, and its experts loop over the ones a batch hits: hfax.experts routes and runs them

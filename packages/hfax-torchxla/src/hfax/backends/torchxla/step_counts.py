@@ -1,0 +1,50 @@
+"""transformers models that branch in Python on the cache's count of tokens, given a count they can branch
+on in torch_xla's decode step.
+
+GIT's model widens a 2-D padding mask over its cached image tokens when ``past_key_values_length > 0``.
+hfax's static cache counts with a tensor (one compiled decode step serves every position), and dynamo
+cannot branch on a tensor ("Data-dependent branching"), although hfax hands GIT a ready 4-D mask, for
+which the branch does nothing. So a decode step under dynamo with a 4-D mask gets the cache behind
+:class:`DecodeStep`: the same layers, with a count of 1 (a decode step's count is at least 1). The mask
+functions return a 4-D mask as it is, without reading the count. (hfax-jax's count, ``CacheLength``,
+answers such comparisons itself.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class DecodeStep(Cache):
+    """``cache`` as a decode step's forward reads it: its layers (what the forward writes goes to them), and
+    ``get_seq_length`` 1."""
+
+    def __init__(self, cache: Cache) -> None:  # Cache's own __init__ would build new layers
+        self.layers = cache.layers
+        self.layer_class_to_replicate = cache.layer_class_to_replicate
+        self.offloading = cache.offloading
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 1
+
+
+def git_model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``GitModel.forward``; a decode step traced by dynamo with a 4-D mask reads the cache through
+    :class:`DecodeStep`."""
+    cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
+    if (
+        torch.compiler.is_compiling()
+        and isinstance(cache, Cache)
+        and isinstance(mask, torch.Tensor)
+        and mask.ndim == 4
+        and isinstance(cache.get_seq_length(), torch.Tensor)
+    ):
+        kwargs["past_key_values"] = DecodeStep(cache)
+    return type(self).forward(self, *args, **kwargs)
+
+
+#: class name -> (method, its replacement)
+STEP_COUNTS = {"GitModel": ("forward", git_model_forward)}
