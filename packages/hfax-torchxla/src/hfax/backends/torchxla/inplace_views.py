@@ -7,8 +7,8 @@ XLALongType"), so a model that calls one cannot compile: BigBird's question answ
 question lengths it computes. In dynamo's graph, every use of ``x`` after ``x.unsqueeze_(1)`` refers to
 the same node as before it. Rewriting the call to ``x1 = x.unsqueeze(1)`` and pointing the later uses at
 ``x1`` computes the same thing: ``x1`` is a view of the same storage with the new shape, and views taken
-from ``x`` before the call keep their shape either way. A graph input's shape change would have to reach
-the caller's tensor, which no graph output can do: such calls are left as they are.
+from ``x`` before the call keep their shape either way. A graph input's or a module attribute's shape
+change would have to outlive the call, which no graph output can do: such calls are left as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ OUT_OF_PLACE = {
     "t_": "t",
 }
 
+#: The graph nodes that compute a tensor inside the graph (not an input, nor a module's attribute, whose
+#: new shape would have to outlive the call).
+COMPUTED = ("call_function", "call_method", "call_module")
+
 
 def rewrite(graph_module: Any) -> int:
     """Rewrite ``graph_module``'s in-place view calls on intermediate tensors; returns how many."""
@@ -35,7 +39,7 @@ def rewrite(graph_module: Any) -> int:
         if node.op != "call_method" or node.target not in OUT_OF_PLACE:
             continue
         tensor = node.args[0]
-        if getattr(tensor, "op", "placeholder") == "placeholder":
+        if getattr(tensor, "op", None) not in COMPUTED:
             continue
         with graph.inserting_before(node):
             view = graph.call_method(OUT_OF_PLACE[node.target], node.args, node.kwargs)
