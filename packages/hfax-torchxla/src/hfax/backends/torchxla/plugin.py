@@ -83,10 +83,12 @@ def hfax_compile_step(
     static_argnames: tuple[str, ...],
     donate_argnames: tuple[str, ...],
 ) -> Callable[..., Any] | None:
-    """``torch.compile(fn, backend="openxla")`` (after :mod:`hfax.backends.torchxla.inplace_views`): dynamo traces the step once per shape and Python constants
-    (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA program
-    without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in place.
-    A call that fails leaves the process working (:func:`hfax.backends.torchxla.runtime.flushed_on_failure`)."""
+    """``torch.compile(fn, backend="openxla")``, each graph first through
+    :func:`hfax.backends.torchxla.inplace_views.rewrite`: dynamo traces the step once per shape and Python
+    constants (``static_argnames`` need nothing more: dynamo guards on them); later calls run the cached XLA
+    program without re-tracing the model in Python. In-place updates of input tensors (the KV cache) stay in
+    place. A call that fails leaves the process working
+    (:func:`hfax.backends.torchxla.runtime.flushed_on_failure`)."""
     if backend != NAME:
         return None
     import torch
