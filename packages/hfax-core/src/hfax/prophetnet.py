@@ -26,7 +26,11 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from transformers.cache_utils import EncoderDecoderCache
+# hfax-core installs without torch (transformers' caches import it); no model runs there to need them.
+try:
+    from transformers.cache_utils import EncoderDecoderCache
+except ImportError:
+    EncoderDecoderCache = object
 
 #: During one decoder forward: its 2-D padding mask (``[batch, slots]``), its positions' padding index and
 #: how many tokens its cache held before (the slot the fed token fills), for the layers below it.
