@@ -53,6 +53,8 @@ def _current() -> Any:
 def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``ProphetNetDecoder.forward``, with its padding mask and cache length visible to its position
     embedding and layers (read before its layers write the fed token)."""
+    import torch
+
     cache = kwargs.get("past_key_values")
     if cache is not None and hasattr(cache, "self_attention_cache"):  # an encoder-decoder's
         cache = cache.self_attention_cache
@@ -61,12 +63,10 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     slots = kwargs.get("attention_mask")
     fed = next((kwargs[name].shape[1] for name in ("input_ids", "inputs_embeds")
                 if kwargs.get(name) is not None), None)  # fmt: skip
-    if isinstance(written, int) and written == 0 and fed is not None and slots is not None:
+    if _empty(written) and fed is not None and slots is not None:
         # A prefill into an empty full-length cache (torch_xla's): transformers builds its masks for the
         # fed tokens alone, which fill the first slots.
         kwargs["attention_mask"] = slots[:, :fed]
-    import torch
-
     if torch.compiler.is_compiling():
         outer = kwargs.get("past_key_values")
         if outer is not None and not isinstance(written, int):
@@ -116,10 +116,16 @@ class _CountedCrossCache(EncoderDecoderCache):
         return 1
 
 
+def _empty(written: Any) -> bool:
+    # The cache held nothing before this forward: a prefill (a decode step's count is a tensor on a
+    # compiled backend, a positive number in PyTorch).
+    return isinstance(written, int) and written == 0
+
+
 def _decoding(slots: Any, written: Any, queries: int) -> bool:
     # As transformers tells a decode step: one token fed to a cache already holding some (a traced count
     # on a compiled backend, a number in PyTorch).
-    return slots is not None and queries == 1 and not (isinstance(written, int) and written == 0)
+    return slots is not None and queries == 1 and not _empty(written)
 
 
 def _columns(slots: Any, written: Any) -> tuple[Any, Any, Any]:
@@ -202,12 +208,7 @@ def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any 
         attention_mask = torch.where(seen, 0.0, blocked).to(hidden_states.dtype)[None, None, None]
         own = torch.zeros((1, 1, 1, 1), dtype=attention_mask.dtype, device=attention_mask.device)
         extended_predict_attention_mask = torch.cat([attention_mask, own], dim=-1)[None]
-    elif (
-        past_key_values is not None
-        and isinstance(written, int)
-        and written == 0
-        and slots is not None
-    ):
+    elif past_key_values is not None and _empty(written) and slots is not None:
         cache = getattr(past_key_values, "self_attention_cache", past_key_values)
         past_key_values = _Prefilled(cache, queries)
     return type(self).forward(
