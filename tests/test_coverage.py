@@ -182,6 +182,48 @@ def test_a_backends_run_adds_its_column_to_the_rows():
     assert "re-run on 2026-01-02, torch_xla only: causal/llama" in rendered
 
 
+def test_the_torch_xla_floor_outlives_a_jax_sweep_and_each_whole_column_keeps_its_minutes():
+    """`nox -s coverage` rewrites the document with JAX alone before `coverage_torchxla` merges its column
+    back: the column's floor must survive that, and each backend's whole sweep keeps its own duration."""
+    meta = {**RUN_META, "whole": True}
+    passing = {"status": {"reference": "pass", "jax.jit": "pass"}, "errors": {}, "seconds": 1.0}
+    on_both = {
+        "status": {"reference": "pass", "torch_xla.jit": "pass"},
+        "errors": {},
+        "seconds": 1.0,
+    }
+    jax_run = coverage.summarize({"causal": {"llama": passing}}, {**meta, "minutes": 30.0}, None)
+    both = coverage.summarize(
+        {"causal": {"llama": on_both}},
+        {**meta, "backends": ["torch_xla"], "minutes": 50.0},
+        jax_run,
+        merge=True,
+    )
+    assert both["floor"]["causal.torch_xla.jit"] == 1
+    assert both["column_minutes"] == {"jax": 30.0, "torch_xla": 50.0} and "whole" not in both
+    assert "its last sweep of every row took 50.0 min" in coverage.render(both)
+    jax_again = coverage.summarize({"causal": {"llama": passing}}, {**meta, "minutes": 20.0}, both)
+    assert jax_again["floor"]["causal.torch_xla.jit"] == 1  # the column is not in this run
+    assert jax_again["column_minutes"] == {"jax": 20.0, "torch_xla": 50.0}
+    failing = {
+        "status": {"reference": "pass", "torch_xla.jit": "fail"},
+        "errors": {"torch_xla.jit": "ValueError: boom"},
+        "seconds": 1.0,
+    }
+    sampled = coverage.summarize(
+        {"causal": {"llama": failing}},
+        {**RUN_META, "backends": ["torch_xla"], "minutes": 1.0},
+        jax_again,
+        merge=True,
+    )
+    # The merged column passes less than before: the floor stays where it was, so the floor test fails.
+    assert sampled["floor"]["causal.torch_xla.jit"] == 1
+    assert sampled["totals"]["causal"]["torch_xla.jit"] == 0
+    assert (
+        sampled["column_minutes"]["torch_xla"] == 50.0
+    )  # a sample's minutes are not a whole sweep's
+
+
 def test_a_worker_near_its_compile_budget_is_replaced():
     # torch_xla compiles at most ~48 programs a process: a worker is replaced by what its process compiled
     # (it reports the count after each architecture), not only after a number of architectures.

@@ -432,11 +432,21 @@ def summarize(
 
     ran_backends = meta["backends"]
     backends = list(ran_backends)
-    document: dict[str, Any] = {**meta, "kinds": {}, "totals": {}, "floor": {}}
+    document: dict[str, Any] = {
+        **{key: value for key, value in meta.items() if key != "whole"},
+        "kinds": {},
+        "totals": {},
+        "floor": {},
+    }
     document["mapped"] = {**(previous or {}).get("mapped", {}), **meta.get("mapped", {})}
     document["column_versions"] = {
         **(previous or {}).get("column_versions", {}),
         **{backend: meta["versions"] for backend in ran_backends},
+    }
+    # How long each backend's sweep of every row took, kept from its last whole run.
+    document["column_minutes"] = {
+        **(previous or {}).get("column_minutes", {}),
+        **{backend: meta["minutes"] for backend in ran_backends if meta.get("whole")},
     }
     ran = set() if merge else set(results)  # kinds this run swept whole
     rows_by_kind = {
@@ -511,6 +521,11 @@ def summarize(
         if kind not in ran and kind in document["kinds"]
     }
     old_floor = (previous or {}).get("floor", {})
+    # A backend's floor outlives a run without it: the JAX sweep rewrites the document before the torch_xla
+    # column is merged back, and that merge must still not fall below what the column passed before.
+    document["floor"] = {
+        name: floor for name, floor in old_floor.items() if name.split(".")[1] not in backends
+    }
     for key in FLOOR_CHECKS:
         kind, check = key.split(".")
         for backend in backends:
@@ -575,6 +590,11 @@ def render(document: dict[str, Any]) -> str:
         *[
             f"Column `{backend}`: "
             + ", ".join(f"{name} {version}" for name, version in sorted(found.items()))
+            + (
+                f"; its last sweep of every row took {document['column_minutes'][backend]} min"
+                if backend in document.get("column_minutes", {})
+                else ""
+            )
             + "."
             for backend, found in sorted(document.get("column_versions", {}).items())
         ],
@@ -733,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         "backends": backends,
         "unavailable": unavailable,
         "mapped": {kind: len(architectures(kind)) for kind in kinds},
+        "whole": not only and not args.sample and set(kinds) == set(KINDS),
     }
     path = args.out / "coverage.json"
     previous = json.loads(path.read_text()) if path.exists() else None
