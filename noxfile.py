@@ -657,14 +657,17 @@ def finetune(session: nox.Session) -> None:
 
 @nox.session
 def coverage(session: nox.Session) -> None:
-    """The architecture coverage sweep (tools/coverage.py, about an hour on two cores): writes docs/COVERAGE.md
-    and docs/coverage.json. Not in the CI set: CI runs tests/test_coverage.py, a sample and the floor.
+    """The architecture coverage sweep, every kind on JAX (tools/coverage.py; docs/PERFORMANCE.md has how long
+    it takes): writes docs/COVERAGE.md and docs/coverage.json. Not in the CI set: CI runs
+    tests/test_coverage.py, a sample and the floor. `nox -s coverage_torchxla` adds the other column.
 
-    ``nox -s coverage -- --only llama,gpt2`` runs some architectures and writes nothing.
+    ``nox -s coverage -- --only llama,gpt2`` runs some architectures and writes nothing; ``-- --kinds causal``
+    runs one kind and keeps the others' rows.
     """
     editables = [arg for package in INTEGRATED for arg in ("-e", str(PACKAGES / package))]
     session.install("-c", str(CONSTRAINTS), *editables)
-    session.run("python", str(ROOT / "tools" / "coverage.py"), *session.posargs, env=TEST_ENV)
+    options = ["--kinds", "all", *session.posargs]
+    session.run("python", str(ROOT / "tools" / "coverage.py"), *options, env=TEST_ENV)
 
 
 @nox.session

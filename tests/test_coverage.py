@@ -1,7 +1,7 @@
 """The coverage floor: what docs/coverage.json records as passing keeps passing, and no count falls.
 
-The full sweep is ``nox -s coverage`` (``tools/coverage.py``, about an hour on two cores); docs/COVERAGE.md
-is rendered from the JSON it writes. Here a sample of the architectures it recorded as passing runs again
+The full sweep is ``nox -s coverage`` and ``nox -s coverage_torchxla`` (``tools/coverage.py``); docs/COVERAGE.md
+is rendered from the JSON they write. Here a sample of the architectures it recorded as passing runs again
 through the sweep's own workers (a few minutes), and every check recorded as passing must still pass.
 ``HFAX_COVERAGE_SAMPLE`` sets the sample size.
 """
