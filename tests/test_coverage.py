@@ -219,9 +219,8 @@ def test_the_torch_xla_floor_outlives_a_jax_sweep_and_each_whole_column_keeps_it
     # The merged column passes less than before: the floor stays where it was, so the floor test fails.
     assert sampled["floor"]["causal.torch_xla.jit"] == 1
     assert sampled["totals"]["causal"]["torch_xla.jit"] == 0
-    assert (
-        sampled["column_minutes"]["torch_xla"] == 50.0
-    )  # a sample's minutes are not a whole sweep's
+    # A sample's minutes are not a whole sweep's.
+    assert sampled["column_minutes"]["torch_xla"] == 50.0
 
 
 def test_a_worker_near_its_compile_budget_is_replaced():
