@@ -91,8 +91,8 @@ DEFAULT_KINDS = "causal,encoder,seq2seq,classification"
 
 #: XLA flags of every worker. The sweep's models are tiny, so XLA:CPU's LLVM optimization of each program
 #: costs more than running it: at level 0 a causal row takes about half the CPU time on torch_xla and a
-#: third less on JAX, and the checks compare with transformers either way. A level in the caller's
-#: XLA_FLAGS comes later and wins.
+#: third less on JAX, and the checks compare with transformers either way (docs/PERFORMANCE.md). The
+#: caller's XLA_FLAGS are appended after these.
 XLA_FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 
 
