@@ -22,21 +22,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfax.signatures import cache_keyword
 
-def counted_positions(self: Any, input_ids: Any, past_key_values_length: Any = 0,
-                      position_ids: Any = None) -> Any:  # fmt: skip
-    """The embedding's ``forward(input_ids or its shape, past_key_values_length, position_ids)``: the
-    embeddings of positions ``past_key_values_length + 0 .. n-1`` (shifted by the class's ``offset``),
-    ``[batch, n, dim]`` for ids and ``[n, dim]`` for a shape, as transformers returns them."""
+
+def _count(rest: tuple[Any, ...], named: dict[str, Any]) -> Any:
+    """The cache's count of tokens among an embedding's arguments after the ones it shares across releases
+    (5.23 calls it ``past_key_values_length``, 5.24 ``cache_length``): passed by position or by name."""
+    if rest:
+        return rest[0]
+    return next(iter(named.values()), 0)
+
+
+def counted_positions(self: Any, input_ids: Any, *rest: Any, position_ids: Any = None,
+                      **named: Any) -> Any:  # fmt: skip
+    """The embedding's ``forward(input_ids or its shape, count, position_ids)``: the embeddings of
+    positions ``count + 0 .. n-1`` (shifted by the class's ``offset``), ``[batch, n, dim]`` for ids and
+    ``[n, dim]`` for a shape, as transformers returns them."""
     import torch
 
-    if position_ids is not None or not isinstance(past_key_values_length, torch.Tensor):
+    if len(rest) > 1:  # positions passed by position
+        rest, position_ids = rest[:1], rest[1]
+    count = _count(rest, named)
+    if position_ids is not None or not isinstance(count, torch.Tensor):
         # Positions given, or a Python count: transformers' own code sizes the range statically.
         extra = () if position_ids is None else (position_ids,)
-        return type(self).forward(self, input_ids, past_key_values_length, *extra)
+        return type(self).forward(self, input_ids, count, *extra)
     is_ids = isinstance(input_ids, torch.Tensor)
     length = input_ids.shape[1] if is_ids else input_ids[1]
-    positions = past_key_values_length + torch.arange(length, device=self.weight.device)
+    positions = count + torch.arange(length, device=self.weight.device)
     positions = positions.long() + getattr(self, "offset", 0)
     if is_ids:
         positions = positions.expand(input_ids.shape[0], -1)
@@ -44,30 +57,31 @@ def counted_positions(self: Any, input_ids: Any, past_key_values_length: Any = 0
 
 
 def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None,
-                    position_ids: Any = None, inputs_embeds: Any = None,
-                    past_key_values_length: Any = 0) -> Any:  # fmt: skip
-    """``BertEmbeddings.forward``, given the positions ``past_key_values_length + 0 .. n-1`` it would
-    slice from its table when the count is a tensor."""
+                    position_ids: Any = None, inputs_embeds: Any = None, *rest: Any,
+                    **named: Any) -> Any:  # fmt: skip
+    """``BertEmbeddings.forward``, given the positions ``count + 0 .. n-1`` it would slice from its table
+    when the cache's count is a tensor."""
     import torch
 
-    if position_ids is None and isinstance(past_key_values_length, torch.Tensor):
+    count = _count(rest, named)
+    if position_ids is None and isinstance(count, torch.Tensor):
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         table = self.position_ids
-        positions = past_key_values_length + torch.arange(length, device=table.device)
+        positions = count + torch.arange(length, device=table.device)
         position_ids = positions.to(table.dtype)[None, :]
-    return type(self).forward(
-        self, input_ids, token_type_ids, position_ids, inputs_embeds, past_key_values_length
-    )
+    return type(self).forward(self, input_ids, token_type_ids, position_ids, inputs_embeds, count)
 
 
-def fsmt_positions(self: Any, input: Any, *, past_key_values_length: Any = 0) -> Any:
+def fsmt_positions(self: Any, input: Any, **named: Any) -> Any:
     """FSMT's ``SinusoidalPositionalEmbedding.forward``: each real token's position among the row's real
-    tokens, after ``past_key_values_length`` cached ones; with a tensor count, without growing the table."""
+    tokens, after the cache's count of tokens (its one keyword argument); with a tensor count, without
+    growing the table."""
     import torch
 
-    if not isinstance(past_key_values_length, torch.Tensor):
-        return type(self).forward(self, input, past_key_values_length=past_key_values_length)
-    positions = self.make_positions(input, self.padding_idx) + past_key_values_length
+    count = _count((), named)
+    if not isinstance(count, torch.Tensor):
+        return type(self).forward(self, input, **named)
+    positions = self.make_positions(input, self.padding_idx) + count
     return torch.nn.Embedding.forward(self, positions)
 
 
@@ -85,15 +99,14 @@ class _BiasRows:
         return 0
 
 
-def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, past_key_values: Any = None,
-                  attention_mask: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, **kwargs: Any) -> Any:
     """``MptAttention.forward``, its bias's query rows chosen without reading the cache's count (a tensor
-    under hfax's static cache) where the bias has a single row, as ``MptModel`` builds it."""
-    if past_key_values is not None and position_bias is not None and position_bias.size(1) == 1:
-        past_key_values = _BiasRows(past_key_values)
-    return type(self).forward(
-        self, hidden_states, position_bias, past_key_values, attention_mask, **kwargs
-    )
+    under hfax's static cache) where the bias has a single row, as ``MptModel`` builds it. ``MptBlock``
+    passes the cache by keyword, under the release's name for it."""
+    name = cache_keyword(kwargs)
+    if name is not None and position_bias is not None and position_bias.size(1) == 1:
+        kwargs[name] = _BiasRows(kwargs[name])
+    return type(self).forward(self, hidden_states, position_bias, **kwargs)
 
 
 #: The position embeddings that count from the cache, and MPT's attention: class name -> (method, its

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfax.signatures import cache_field, output_cache
+
 #: The classifiers, by class name: the ones that pool the last ``<eos>`` state of every row.
 CLASSIFIERS = (
     "BartForSequenceClassification",
@@ -67,10 +69,11 @@ def last_eos_forward(self: Any, input_ids: Any = None, attention_mask: Any = Non
     loss = None
     if labels is not None:
         loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+    cache = {cache_field(Seq2SeqSequenceClassifierOutput): output_cache(outputs)}
     return Seq2SeqSequenceClassifierOutput(
         loss=loss,
         logits=logits,
-        past_key_values=outputs.past_key_values,
+        **cache,
         decoder_hidden_states=outputs.decoder_hidden_states,
         decoder_attentions=outputs.decoder_attentions,
         cross_attentions=outputs.cross_attentions,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfax import step_masks
+from hfax.signatures import cache_keyword
 
 
 def model_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
@@ -32,7 +33,7 @@ def model_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
                 input_ids, pad
             )
         decoder_attention_mask = decoder_input_ids.ne(pad)
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get(cache_keyword(kwargs))
     over_slots = None if cache is None else (decoder_attention_mask, step_masks.written(cache))
     object.__setattr__(self.decoder, step_masks.SLOTS, over_slots)
     try:

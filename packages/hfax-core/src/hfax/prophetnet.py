@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from hfax.signatures import cache_keyword
+
 # hfax-core installs without torch (transformers' caches import it); no model runs there to need them.
 try:
     from transformers.cache_utils import EncoderDecoderCache
@@ -55,7 +57,8 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     embedding and layers (read before its layers write the fed token)."""
     import torch
 
-    cache = kwargs.get("past_key_values")
+    name = cache_keyword(kwargs)  # the release's name for the cache, if one was passed
+    cache = kwargs.get(name)
     if cache is not None and hasattr(cache, "self_attention_cache"):  # an encoder-decoder's
         cache = cache.self_attention_cache
     written = cache.get_seq_length() if cache is not None else 0
@@ -68,7 +71,7 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # fed tokens alone, which fill the first slots.
         kwargs["attention_mask"] = slots[:, :fed]
     if torch.compiler.is_compiling():
-        outer = kwargs.get("past_key_values")
+        outer = kwargs.get(name)
         if outer is not None and not isinstance(written, int):
             # A decode step's count is a tensor, and transformers branches on `count != 0`, which dynamo
             # cannot trace: the decoder gets the cache behind an object whose count is a nonzero int
@@ -76,7 +79,7 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             counted = (
                 _CountedCrossCache if isinstance(outer, EncoderDecoderCache) else _CountedCache
             )
-            kwargs["past_key_values"] = counted(outer)
+            kwargs[name] = counted(outer)
         _TRACED.append((slots, padding_idx, written))
         try:
             return type(self).forward(self, *args, **kwargs)
@@ -139,15 +142,13 @@ def _columns(slots: Any, written: Any) -> tuple[Any, Any, Any]:
     return index, first, written
 
 
-def positional_forward(self: Any, inputs_shape: Any, device: Any, attention_mask: Any = None,
-                       past_key_values: Any = None, position_ids: Any = None) -> Any:  # fmt: skip
+def positional_forward(self: Any, inputs_shape: Any, device: Any, **kwargs: Any) -> Any:
     """``ProphetNetPositionalEmbeddings.forward``: transformers' positions (``padding_idx`` + 1 at its
-    batch's first column), counted from the slots."""
+    batch's first column), counted from the slots. (transformers passes the mask, the cache and the
+    positions by keyword.)"""
     slots, _, written = _current()
-    if slots is None or position_ids is not None:
-        return type(self).forward(
-            self, inputs_shape, device, attention_mask, past_key_values, position_ids
-        )
+    if slots is None or kwargs.get("position_ids") is not None:
+        return type(self).forward(self, inputs_shape, device, **kwargs)
     index, first, last = _columns(slots, written)
     if _decoding(slots, written, inputs_shape[1]):
         positions = (last - first + 1 + self.padding_idx).reshape(1, 1)
@@ -172,14 +173,16 @@ class _Prefilled:
         return keys[:, :, : self.fed], values[:, :, : self.fed]
 
 
-def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any = None,
+def ngram_attention_forward(self: Any, hidden_states: Any,
                             attention_mask: Any = None, extended_predict_attention_mask: Any = None,
                             main_relative_position_buckets: Any = None,
                             predict_relative_position_buckets: Any = None, position_ids: Any = None,
                             **kwargs: Any) -> Any:  # fmt: skip
     """``ProphetNetNgramSelfAttention.forward``: a decode step gets the buckets and the masks transformers'
-    cache would give it, from the slots."""
+    cache would give it, from the slots. (transformers' layer passes the cache by keyword, under the
+    release's name for it.)"""
     slots, padding_idx, written = _current()
+    name = cache_keyword(kwargs)
     batch, queries = hidden_states.shape[0], hidden_states.shape[1] // (1 + self.ngram)
     if (
         attention_mask is None
@@ -208,13 +211,12 @@ def ngram_attention_forward(self: Any, hidden_states: Any, past_key_values: Any 
         attention_mask = torch.where(seen, 0.0, blocked).to(hidden_states.dtype)[None, None, None]
         own = torch.zeros((1, 1, 1, 1), dtype=attention_mask.dtype, device=attention_mask.device)
         extended_predict_attention_mask = torch.cat([attention_mask, own], dim=-1)[None]
-    elif past_key_values is not None and _empty(written) and slots is not None:
-        cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-        past_key_values = _Prefilled(cache, queries)
+    elif name is not None and _empty(written) and slots is not None:
+        cache = getattr(kwargs[name], "self_attention_cache", kwargs[name])
+        kwargs[name] = _Prefilled(cache, queries)
     return type(self).forward(
         self,
         hidden_states,
-        past_key_values=past_key_values,
         attention_mask=attention_mask,
         extended_predict_attention_mask=extended_predict_attention_mask,
         main_relative_position_buckets=main_relative_position_buckets,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfax.signatures import cache_keyword
+
 #: The attribute of a decoder's self-attention modules that holds, during one decoder forward, the
 #: decoder's mask over the cache's slots (2-D or 4-D) and how many slots the cache had written before it
 #: (:func:`written`). An attribute rather than a context variable: torch_xla's dynamo bridge traces
@@ -23,7 +25,7 @@ SLOTS = "_hfax_step_mask"
 def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``LEDDecoder.forward``, its ``attention_mask`` visible to its self-attention layers."""
     layers = [layer.self_attn for layer in self.layers]
-    over_slots = (kwargs.get("attention_mask"), written(kwargs.get("past_key_values")))
+    over_slots = (kwargs.get("attention_mask"), written(kwargs.get(cache_keyword(kwargs))))
     for attention in layers:
         object.__setattr__(attention, SLOTS, over_slots)
     try:
@@ -63,15 +65,15 @@ def additive(over_slots: Any, queries: int, dtype: Any) -> Any:
 
 
 def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any = None,
-                           past_key_values: Any = None, attention_mask: Any = None,
-                           **kwargs: Any) -> Any:  # fmt: skip
+                           attention_mask: Any = None, **kwargs: Any) -> Any:  # fmt: skip
     """``LEDDecoderAttention.forward``: on a one-token self-attention step with no mask, the decoder's
-    mask over the slots, as an additive ``[batch, 1, 1, slots]`` mask."""
+    mask over the slots, as an additive ``[batch, 1, 1, slots]`` mask. (LED's layers pass the cache by
+    keyword, under the release's name for it.)"""
     slots = getattr(self, SLOTS, None)
-    if attention_mask is None and key_value_states is None and past_key_values is not None:
+    if attention_mask is None and key_value_states is None and cache_keyword(kwargs) is not None:
         attention_mask = additive(slots, hidden_states.shape[1], hidden_states.dtype)
     return type(self).forward(
-        self, hidden_states, key_value_states, past_key_values, attention_mask, **kwargs
+        self, hidden_states, key_value_states=key_value_states, attention_mask=attention_mask, **kwargs
     )
 
 

@@ -22,10 +22,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: Forward inputs ``generate`` does not take, with why.
+#: Why ``generate`` does not take a cache, whatever the forward calls it (:func:`collect`).
+CACHE_REFUSED = "hfax's generate keeps its own cache on device"
+
+#: Forward inputs ``generate`` does not take, with why (the cache besides, by its type).
 REFUSED_INPUTS = {
     "inputs_embeds": "hfax's generate starts from token ids; pass input_ids",
-    "past_key_values": "hfax's generate keeps its own cache on device",
     "cache_position": "hfax's generate places tokens in its own cache",
     "position_ids": "hfax's generate computes positions from the attention mask",
     "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
@@ -56,7 +58,10 @@ WHISPER_REFUSED = {
 def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model inputs among what transformers left over from the generation settings, as numpy arrays;
     anything else is an error naming it."""
+    from hfax.signatures import cache_parameter
+
     accepted = set(inspect.signature(module.forward).parameters)
+    refused = {**REFUSED_INPUTS, cache_parameter(module.forward) or "past_key_values": CACHE_REFUSED}
     found = {}
     for name in sorted(leftovers):
         value = leftovers[name]
@@ -66,10 +71,8 @@ def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
                 f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, "
                 "rng, generation_config and tokenizer)"
             )
-        if name in REFUSED_INPUTS and value is not None:
-            raise NotImplementedError(
-                f"hfax's generate does not take {name}: {REFUSED_INPUTS[name]}"
-            )
+        if name in refused and value is not None:
+            raise NotImplementedError(f"hfax's generate does not take {name}: {refused[name]}")
         if value is not None:
             found[name] = host_array(name, value)
     return found

@@ -124,13 +124,15 @@ def accepts(module: Any, argument: str) -> bool:
     return argument in inspect.signature(module.forward).parameters
 
 
-#: Forward arguments of caches no hfax engine can stand in for (RWKV's state, XLNet's mems, ...).
+#: Forward arguments of caches no hfax engine can stand in for (RWKV's state, XLNet's mems, Reformer's
+#: buckets, XLM's dictionary): a model whose forward takes one of these and no transformers ``Cache``.
 OTHER_CACHES = ("state", "mems", "use_mems", "cache", "past_buckets_states", "use_cache")
 
 
 def cache_argument(module: Any, length: int = 0) -> str:
-    """The name under which a transformers model's forward takes its cache (Mamba-style models call it
-    ``cache_params``), or ``""``: the model then reads the prompt and the tokens so far at every step, as
+    """The name under which a transformers model's forward takes its cache, whatever the release calls it
+    (:func:`hfax.signatures.cache_parameter`: ``past_key_values`` or ``cache_params`` on transformers 5.23,
+    ``cache`` on 5.24), or ``""``: the model then reads the prompt and the tokens so far at every step, as
     transformers' ``generate(use_cache=False)`` does. So decodes a model without a cache, and one whose
     decode state a static cache of ``length`` slots cannot hold (:func:`no_static_cache`), which a warning
     says once: each new token then costs a forward over the whole sequence.
@@ -139,14 +141,16 @@ def cache_argument(module: Any, length: int = 0) -> str:
     transformers' ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems,
     Reformer's buckets) is refused: measured on their tiny models, re-reading the sequence does not give
     their tokens (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
+    from hfax.signatures import cache_parameter
+
     if appended_token(module) is not None:
         return ""  # it re-reads the sequence, as transformers' generate for it does
-    name = next((name for name in ("past_key_values", "cache_params") if accepts(module, name)), "")
-    other = [argument for argument in OTHER_CACHES if accepts(module, argument)]
+    name = cache_parameter(module.forward)
+    other = [argument for argument in OTHER_CACHES if accepts(module, argument) and argument != name]
     if not name and other:
         raise NotImplementedError(
             f"{type(module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
-            "not past_key_values or cache_params); run its forward with hfax, or transformers' own generate on CPU"
+            "no transformers Cache); run its forward with hfax, or transformers' own generate on CPU"
         )
     reason = name and no_static_cache(module, length)
     if reason:

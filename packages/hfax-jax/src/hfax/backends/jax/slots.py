@@ -67,11 +67,9 @@ def check_servable(model: Any, length: int) -> None:
         raise NotImplementedError(
             f"hfax serve needs a static cache, and {name} cannot have one: {reason}"
         )
-    if cache_argument(model.module) != "past_key_values" or not accepts(
-        model.module, "position_ids"
-    ):
+    if not cache_argument(model.module) or not accepts(model.module, "position_ids"):
         raise NotImplementedError(
-            f"hfax serve needs a model that takes past_key_values and position_ids; {name} does not"
+            f"hfax serve needs a model whose forward takes a transformers Cache and position_ids; {name} does not"
         )
     kinds = {kind for kind, _ in slot_cache.layer_types(model.config) or ()}
     if kinds - set(slot_cache.ATTENTION_TYPES):
@@ -92,7 +90,7 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
         ),
         layer_types=slot_cache.layer_types(model.config),
         mask_plan=masks.plan(model.config, model.module),
-        cache_argument="past_key_values",
+        cache_argument=cache_argument(model.module),
         pass_positions=True,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
     )

@@ -123,8 +123,8 @@ class Static:
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
-    # Mamba-style models take their cache as cache_params; "" for a model without a cache
-    cache_argument: str = "past_key_values"
+    # the forward's cache parameter, whatever the release calls it (shapes.cache_argument); "" for none
+    cache_argument: str = "cache"
     attends: bool = (
         True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
     )

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from hfax.signatures import cache_keyword
+
 
 class DecodeStep(Cache):
     """``cache`` as a decode step's forward reads it: its layers (what the forward writes goes to them), and
@@ -34,7 +36,8 @@ class DecodeStep(Cache):
 def git_model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``GitModel.forward``; a decode step traced by dynamo with a 4-D mask reads the cache through
     :class:`DecodeStep`."""
-    cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
+    name = cache_keyword(kwargs)  # the release's name for the cache, if one was passed
+    cache, mask = kwargs.get(name), kwargs.get("attention_mask")
     if (
         torch.compiler.is_compiling()
         and isinstance(cache, Cache)
@@ -42,7 +45,7 @@ def git_model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         and mask.ndim == 4
         and isinstance(cache.get_seq_length(), torch.Tensor)
     ):
-        kwargs["past_key_values"] = DecodeStep(cache)
+        kwargs[name] = DecodeStep(cache)
     return type(self).forward(self, *args, **kwargs)
 
 
