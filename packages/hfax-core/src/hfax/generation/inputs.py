@@ -61,7 +61,10 @@ def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
     from hfax.signatures import cache_parameter
 
     accepted = set(inspect.signature(module.forward).parameters)
-    refused = {**REFUSED_INPUTS, cache_parameter(module.forward) or "past_key_values": CACHE_REFUSED}
+    refused = {
+        **REFUSED_INPUTS,
+        cache_parameter(module.forward) or "past_key_values": CACHE_REFUSED,
+    }
     found = {}
     for name in sorted(leftovers):
         value = leftovers[name]

@@ -146,7 +146,9 @@ def cache_argument(module: Any, length: int = 0) -> str:
     if appended_token(module) is not None:
         return ""  # it re-reads the sequence, as transformers' generate for it does
     name = cache_parameter(module.forward)
-    other = [argument for argument in OTHER_CACHES if accepts(module, argument) and argument != name]
+    other = [
+        argument for argument in OTHER_CACHES if accepts(module, argument) and argument != name
+    ]
     if not name and other:
         raise NotImplementedError(
             f"{type(module).__name__} keeps a cache hfax's generate cannot drive (its forward takes {other[0]!r}, "
