@@ -28,6 +28,10 @@ from packaging.utils import canonicalize_name
 
 nox.needs_version = ">=2024.4.15"  # session `requires`
 nox.options.error_on_external_run = True
+#: pip byte-compiles nothing it installs (``--no-compile``; pip reads ``PIP_COMPILE=0`` as that): for torch
+#: and jax compiling took longer than unpacking them, and the tests import a small part of each, compiled on
+#: import. A caller's own setting wins.
+os.environ.setdefault("PIP_COMPILE", "0")
 
 ROOT = Path(__file__).resolve().parent
 PACKAGES = ROOT / "packages"
@@ -144,12 +148,12 @@ def test_package(session: nox.Session, package: str, constraints: Path = CONSTRA
 TEST_WORKERS = int(os.environ.get("HFAX_TEST_WORKERS") or min(os.cpu_count() or 1, 4))
 
 
-def run_tests(session: nox.Session, *paths: Path, env: dict[str, str] = TEST_ENV, select: str = "",
-              workers: int = TEST_WORKERS) -> None:  # fmt: skip
+def run_tests(session: nox.Session, *paths: Path | str, env: dict[str, str] = TEST_ENV,
+              select: str = "", workers: int = TEST_WORKERS, dist: str = "loadfile") -> None:  # fmt: skip
     # Only test folders, imported without touching sys.path: src/hfax/backends/jax must never shadow the
     # real jax. No test collected is pytest's exit code 5, which fails the session like any other.
     chosen = ["-k", select] if select else []
-    spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    spread = ["-n", str(workers), "--dist", dist] if workers > 1 else []
     session.run(
         "pytest",
         "--import-mode=importlib",
@@ -351,7 +355,8 @@ def torchxla(session: nox.Session) -> None:
     )
     features = ROOT / "tests" / "test_generate_features.py"
     for group in TORCHXLA_FEATURE_GROUPS:
-        run_tests(session, features, env=env, select=group)
+        # One file: its tests, not whole files, are spread over the workers (each compiles a part).
+        run_tests(session, features, env=env, select=group, dist="load")
 
 
 def wheel_contents(wheel: Path) -> tuple[str, list[str], dict[str, str]]:
@@ -501,21 +506,20 @@ print("{module} alone: imports, and hfax loads its plugin")
 """
 
 
-#: Each distribution installed alone from dist/ (with the hfax distributions it requires, nothing else):
-#: the import and plugin check its venv runs. The light ones must pull neither torch nor jax.
+#: Each light distribution installed alone from dist/ (with the hfax distributions it requires, nothing
+#: else): the import and plugin check its venv runs; none may pull torch or jax. hfax-jax's own install is
+#: `hfax[jax]`'s above: the families beside it require nothing but hfax-core and transformers (their alone
+#: installs show it), so what hfax-jax needs and does not declare would fail there.
 ALONE_CHECKS = {
     "hfax-core": CORE_ONLY_CHECK,
     "hfax-patches-llama": PLUGIN_ALONE_CHECK.format(module="hfax.patches.llama", name="llama"),
     "hfax-patches-gemma": PLUGIN_ALONE_CHECK.format(module="hfax.patches.gemma", name="gemma"),
-    "hfax-jax": PLUGIN_ALONE_CHECK.format(module="hfax.backends.jax", name="jax"),
 }
-#: The distributions of :data:`ALONE_CHECKS` that bring torch and jax.
-HEAVY = {"hfax-jax"}
 
 
 def install_alone(session: nox.Session, tmp: Path, distribution: str, check: str) -> None:
     """``distribution`` alone from dist/ into a fresh venv: pip installs it and the hfax distributions it
-    requires (from dist/), torch or jax only if it is heavy, and ``check`` runs there."""
+    requires (from dist/), neither torch nor jax, and ``check`` runs there."""
     venv = tmp / f"{distribution}-alone"
     shutil.rmtree(venv, ignore_errors=True)
     session.run(sys.executable, "-m", "virtualenv", "--quiet", str(venv), external=True)
@@ -529,7 +533,7 @@ def install_alone(session: nox.Session, tmp: Path, distribution: str, check: str
         canonicalize_name(item["name"]) for item in json.loads(listed.strip().splitlines()[-1])
     }
     heavy = sorted(installed & {"torch", "jax", "jaxlib", "torchax", "torch-xla"})
-    if heavy and distribution not in HEAVY:
+    if heavy:
         session.error(f"pip install {distribution} pulled in {', '.join(heavy)}")
     session.run(venv_bin(venv, "python"), "-c", check, external=True, env=TEST_ENV)
     session.run(venv_bin(venv, "hfax"), "plugins", external=True, env=TEST_ENV)
@@ -608,13 +612,13 @@ def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> 
 @nox.session
 @drops_venv
 def integration(session: nox.Session) -> None:
-    """The JAX stack in one venv: the tests of hfax-jax and of each family plugin, then tests/ (cross-package;
-    tests/test_namespace.py checks the packages import together). One pytest process per folder, as each
-    package's own session runs it."""
+    """The JAX stack in one venv: the tests of hfax-jax and of each family plugin, and tests/ (cross-package;
+    tests/test_namespace.py checks the packages import together), in one pytest run whose files the workers
+    share (each folder's conftest.py applies to its own files)."""
     install_jax_stack(session)
-    for package in INTEGRATED[1:]:  # hfax-core's tests run in `core`, without torch
-        run_tests(session, PACKAGES / package / "tests")
-    run_tests(session, ROOT / "tests")
+    # hfax-core's tests run in `core`, without torch.
+    folders = [PACKAGES / package / "tests" for package in INTEGRATED[1:]]
+    run_tests(session, *folders, ROOT / "tests")
 
 
 def declared_transformers() -> str:
@@ -640,17 +644,21 @@ def oldest_declared_transformers() -> str:
 
 
 #: What the ``transformers_oldest`` and ``transformers_newest`` sessions run against their release: the
-#: parity suite, the generate-features suite, the family tests, one multimodal model (LLaVA) and one
-#: seq2seq model (BART), and a serve smoke test, on the JAX backend. (Paths relative to the repository.)
+#: parity suite, the generate-features suite, the family tests, the cache found by its type, one multimodal
+#: model (LLaVA), the seq2seq models (T5, BART, and the LED, FSMT and BERT decoders whose layers hfax
+#: replaces), and a serve smoke test, on the JAX backend, in one pytest run. (Paths relative to the
+#: repository.)
 TRANSFORMERS_SLICE = (
-    ("tests/test_parity.py", ""),
-    ("tests/test_generate_features.py", ""),
-    ("tests/test_families.py", ""),
-    ("packages/hfax-patches-llama/tests", ""),
-    ("packages/hfax-patches-gemma/tests", ""),
-    ("packages/hfax-jax/tests/test_generate_multimodal.py", "greedy_matches_transformers"),
-    ("packages/hfax-jax/tests/test_generate_seq2seq.py", "greedy_matches_transformers"),
-    ("tests/test_serve.py", "completion_greedy_equals_transformers or chat_equals_transformers"),
+    "tests/test_parity.py",
+    "tests/test_generate_features.py",
+    "tests/test_families.py",
+    "tests/test_signatures_transformers.py",
+    "packages/hfax-patches-llama/tests",
+    "packages/hfax-patches-gemma/tests",
+    "packages/hfax-jax/tests/test_generate_multimodal.py::test_greedy_matches_transformers[llava]",
+    "packages/hfax-jax/tests/test_generate_seq2seq.py::test_greedy_matches_transformers",
+    "tests/test_serve.py::test_completion_greedy_equals_transformers",
+    "tests/test_serve.py::test_chat_equals_transformers_streamed_and_not",
 )
 
 
@@ -670,8 +678,7 @@ def run_transformers_slice(session: nox.Session, release: str) -> None:
         "python", "-c", "import transformers; print(transformers.__version__)", silent=True
     )
     session.log(f"transformers {version.strip()} (declared: transformers{declared_transformers()})")
-    for path, select in TRANSFORMERS_SLICE:
-        run_tests(session, ROOT / path, select=select)
+    run_tests(session, *(ROOT / path for path in TRANSFORMERS_SLICE))
 
 
 @nox.session
@@ -681,12 +688,32 @@ def transformers_oldest(session: nox.Session) -> None:
     run_transformers_slice(session, f"=={oldest_declared_transformers()}")
 
 
+def pinned_transformers() -> str:
+    """The transformers release constraints.txt pins (the full suites run on it)."""
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.startswith("transformers=="):
+            return line.split("==", 1)[1].strip()
+    raise ValueError("constraints.txt pins no transformers release")
+
+
 @nox.session
 @drops_venv
 def transformers_newest(session: nox.Session) -> None:
     """The representative slice against the newest transformers on the index that the packages accept,
-    resolved when the session runs (not pinned): a new release fails here first."""
-    run_transformers_slice(session, "")
+    resolved when the session runs (not pinned): a new release fails here first. While the pin is the
+    newest release, `integration` and `torchxla` have just run every test on it, and this session says so."""
+    report = session.run(
+        "python", "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+        "--report", "-", f"transformers{declared_transformers()}", silent=True, stderr=None,
+    )  # fmt: skip
+    newest = json.loads(report)["install"][0]["metadata"]["version"]
+    if newest == pinned_transformers():
+        session.log(
+            f"transformers {newest} is the newest release and the pinned one: the integration and torchxla "
+            "sessions run every test on it"
+        )
+        return
+    run_transformers_slice(session, f"=={newest}")
 
 
 @nox.session

@@ -392,6 +392,7 @@ class TorchaxRecipe:
         from hfax.backends.jax.runtime import (
             torchax,
         )  # torchax under torch 2.13 needs hfax's import bridge
+        from hfax.signatures import cache_parameter
 
         self.jax, self.torch, self.transformers = jax, torch, transformers
         self.env = torchax.default_env()
@@ -399,6 +400,8 @@ class TorchaxRecipe:
             path, dtype=getattr(torch, dtype)
         ).eval()
         self.model = model
+        # The forward's cache parameter, however the installed transformers spells it.
+        self.cache_argument = cache_parameter(model.forward)
         self.weights = {
             name: self.env.to_xla(t)
             for name, t in [*model.named_parameters(), *model.named_buffers()]
@@ -421,9 +424,12 @@ class TorchaxRecipe:
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             layer.cumulative_length = cache_position[0].clone()
-        inputs = dict(
-            past_key_values=cache, cache_position=cache_position, use_cache=True, logits_to_keep=1
-        )
+        inputs = {
+            self.cache_argument: cache,
+            "cache_position": cache_position,
+            "use_cache": True,
+            "logits_to_keep": 1,
+        }
         out = self.torch.func.functional_call(self.model, weights, (input_ids,), inputs)
         return out.logits[:, -1], [(layer.keys, layer.values) for layer in cache.layers]
 

@@ -50,7 +50,7 @@ def hfax_families() -> list[FamilySpec]:
 
         @hfax.hookimpl
         def hfax_families():
-            return [hfax.FamilySpec("llama", model_types=("llama", "mistral"), transformers=">=5.20,<5.24")]
+            return [hfax.FamilySpec("llama", model_types=("llama", "mistral"), transformers=">=5.23,<5.25")]
     """
 
 
