@@ -9,6 +9,7 @@ writes the same rows, and nothing where no token matches, which is what the bran
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -34,7 +35,13 @@ def model_forward(self: Any, input_ids: Any = None, pixel_values: Any = None,
     for indicator, token in zip(image.visual_indicator_features, self.visual_indicator_token_ids):
         embeds = torch.where((input_ids == token)[..., None], indicator.to(embeds.dtype), embeds)
     output = type(self).forward(self, inputs_embeds=embeds, **rest)
-    output["image_hidden_states"] = features  # what transformers' forward returns beside the states
+    # What transformers' forward returns beside the states: the image encoder's whole output where the
+    # output class holds one (transformers 5.24's ``image_outputs``), else its pooled features (5.23's).
+    fields = {field.name for field in dataclasses.fields(type(output))}
+    if "image_outputs" in fields:
+        output["image_outputs"] = image
+    else:
+        output["image_hidden_states"] = features
     return output
 
 

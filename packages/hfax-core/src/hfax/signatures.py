@@ -10,9 +10,9 @@ where 5.23 had ``past_key_values_length``. So hfax never writes either spelling:
   (:func:`release_cache_name`, from ``GenerationMixin.prepare_inputs_for_generation``);
 - a model output's cache is the field holding a ``Cache`` (:func:`output_cache`).
 
-Plain Python over signatures and annotations: no torch needed here, and nothing here runs while a
-program is traced (the replacements that run traced read :func:`release_cache_name`'s answer, computed
-when they are bound). Tested by ``packages/hfax-core/tests/test_signatures.py`` and, against both
+Plain Python over signatures and annotations, importable without torch. Only :func:`cache_keyword` runs
+while a program is traced (inside hfax's replacements of transformers' layers): an ``isinstance`` over a
+dict, which dynamo traces. Tested by ``packages/hfax-core/tests/test_signatures.py`` and, against both
 releases, by the ``transformers_oldest`` and ``transformers_newest`` nox sessions.
 """
 
@@ -23,6 +23,12 @@ import inspect
 import types
 import typing
 from typing import Any
+
+# transformers' caches import torch, which hfax-core does not need: without it no model runs to pass one.
+try:
+    from transformers.cache_utils import Cache as _Cache
+except ImportError:
+    _Cache = None
 
 
 def names_a_cache(annotation: Any) -> bool:
@@ -83,9 +89,9 @@ def cache_keyword(arguments: dict[str, Any]) -> str | None:
     is a transformers ``Cache``), or ``None`` where none was passed. For replacements of transformers'
     methods, which receive the cache under whatever name the installed release uses; plain ``isinstance``
     over a dict, so dynamo (torch_xla) traces it."""
-    from transformers.cache_utils import Cache
-
-    return next((key for key, value in arguments.items() if isinstance(value, Cache)), None)
+    if _Cache is None:
+        return None
+    return next((key for key, value in arguments.items() if isinstance(value, _Cache)), None)
 
 
 def cache_field(output_class: type) -> str:
