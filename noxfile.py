@@ -12,11 +12,13 @@ for speed, but a dependency dropped from a pyproject then lingers; CI never reus
 
 from __future__ import annotations
 
+import concurrent.futures
 import configparser
 import functools
 import json
 import os
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -283,8 +285,8 @@ def missing_wheels(pins: list[tuple[Requirement, str]], directory: Path) -> list
     return [entry for key, entry in wanted if key not in held]
 
 
-#: tests/test_generate_features.py on torch_xla, in one process per group: one torch_xla process on CPU
-#: compiles at most ~48 programs (``CompileBudgetError``) and the whole file needs about 100. The first group
+#: tests/test_generate_features.py on torch_xla, in three processes that run beside the session's other
+#: runs (:func:`run_processes`): the file compiles about 100 programs, the most of any run. The first group
 #: is every processor on Llama, beam search, EOS stopping, fresh and seeded sampling, result types and
 #: BART; the second the processors on Gemma 3; the last everything else, so a new case runs somewhere.
 _FIRST = (
@@ -341,25 +343,64 @@ def install_torchxla(session: nox.Session) -> None:
 @nox.session
 @drops_venv
 def torchxla(session: nox.Session) -> None:
-    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py, test_forward_vision.py on it."""
+    """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py,
+    test_forward_vision.py and test_generate_features.py on it."""
     directory = PACKAGES / "hfax-torchxla"
     install_torchxla(session)
-    env = {**TEST_ENV, "PJRT_DEVICE": "CPU"}
+    # hfax-torchxla's conftest.py raises the compile budget for the tiny models of its tests; the same holds
+    # for tests/' tiny models, which run in processes of their own here.
+    env = {**TEST_ENV, "PJRT_DEVICE": "CPU", "HFAX_TORCHXLA_COMPILE_BUDGET": "1000"}
     tests = ROOT / "tests"
-    run_tests(
-        session,
-        directory / "tests",
-        tests / "test_parity.py",
-        tests / "test_forward_vision.py",
-        env=env,
-        workers=1,
-    )
-    # One process per run, as before: hfax-torchxla's tests count the programs a process compiles, and a
-    # worker that ran another file first (or read its programs from the shared persistent cache) had
-    # compiled them already (three tests counted 0 under two workers).
-    features = ROOT / "tests" / "test_generate_features.py"
-    for group in TORCHXLA_FEATURE_GROUPS:
-        run_tests(session, features, env=env, select=group, workers=1)
+    features = [str(tests / "test_generate_features.py")]
+    runs = [
+        [str(directory / "tests")],
+        [str(tests / "test_parity.py"), str(tests / "test_forward_vision.py")],
+        *([*features, "-k", group] for group in TORCHXLA_FEATURE_GROUPS),
+    ]
+    run_processes(session, runs, env=env)
+
+
+def run_processes(
+    session: nox.Session, runs: list[list[str]], env: dict[str, str], workers: int = TEST_WORKERS
+) -> None:
+    """Each of ``runs`` (pytest's arguments) in a pytest process of its own, ``workers`` of them at a time,
+    each process's output logged whole when it ends; the session fails if any run fails.
+
+    For torch_xla, where a test run cannot be spread over pytest-xdist's workers: its tests count the
+    programs their process compiled (a worker that ran another file first had compiled them already), and a
+    process compiles a bounded number of programs (TORCHXLA_FEATURE_GROUPS). Whole processes side by side
+    keep each run as it is alone and the cores busy."""
+    bin_dir = str(session.bin)
+    environment = {
+        **os.environ,
+        **session.env,
+        **env,
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        "VIRTUAL_ENV": str(session.virtualenv.location),
+    }
+    logs = Path(session.create_tmp()) / "runs"
+    logs.mkdir(exist_ok=True)
+
+    def run(index: int, arguments: list[str]) -> tuple[list[str], int, str]:
+        pytest = ["-m", "pytest", "--import-mode=importlib", "--durations=10"]
+        command = [str(Path(bin_dir) / "python"), *pytest, *arguments, *session.posargs]
+        log = logs / f"run-{index}.log"
+        with log.open("w") as out:
+            code = subprocess.run(
+                command, stdout=out, stderr=subprocess.STDOUT, env=environment
+            ).returncode
+        return command, code, log.read_text(errors="replace")
+
+    failed = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        futures = [pool.submit(run, index, arguments) for index, arguments in enumerate(runs)]
+        for future in concurrent.futures.as_completed(futures):
+            command, code, output = future.result()
+            session.log(f"{' '.join(command[3:])}: exit code {code}\n{output}")
+            if code != 0:
+                failed.append(" ".join(command[3:]))
+    if failed:
+        session.error("pytest failed in:\n  " + "\n  ".join(failed))
 
 
 def wheel_contents(wheel: Path) -> tuple[str, list[str], dict[str, str]]:
@@ -554,18 +595,27 @@ def readme_install_command() -> list[str]:
 @nox.session(requires=["wheels"])
 @drops_venv
 def install(session: nox.Session) -> None:
-    """From dist/: `hfax[jax]` gives a working install; `hfax-core` alone pulls neither torch nor jax. From the
-    clone: the README's command installs into a fresh venv, where the README's Python blocks run."""
+    """From dist/: pip resolves `hfax[jax]` to dist's wheels, and each light distribution installed alone
+    pulls neither torch nor jax. From the clone: the README's command installs hfax into the session's venv,
+    where every plugin loads and the README's Python blocks run.
+
+    `hfax[jax]` from dist/ is resolved, not installed (pip's dry run): the README's command installs the same
+    distributions, built from the same folders, and a second install of torch and jax would prove no more."""
     tmp = Path(session.create_tmp())
     report = tmp / "hfax-jax.json"
-    session.install(
-        "--find-links", str(DIST), "-c", str(CONSTRAINTS), "--report", str(report), "hfax[jax]"
-    )
+    resolve = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)]
+    dist = ["--find-links", str(DIST), "-c", str(CONSTRAINTS), "hfax[jax]"]
+    session.run("python", "-m", "pip", *resolve, *dist)
     check_installed_from_dist(
         session,
         report,
         {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"},
     )
+    for distribution, check in ALONE_CHECKS.items():
+        install_alone(session, tmp, distribution, check)
+
+    session.chdir(ROOT)  # the README's command runs in the clone's root
+    session.install(*readme_install_command()[1:])
     session.run(
         "python",
         "-c",
@@ -582,25 +632,9 @@ def install(session: nox.Session) -> None:
             session.error(f"`hfax plugins` does not show {distribution} as loaded")
     if "backend jax" not in listing:
         session.error("`hfax plugins` lists no jax backend")
-
-    for distribution, check in ALONE_CHECKS.items():
-        install_alone(session, tmp, distribution, check)
-
-    readme = tmp / "readme"
-    shutil.rmtree(readme, ignore_errors=True)
-    session.run(sys.executable, "-m", "virtualenv", "--quiet", str(readme), external=True)
-    python = venv_bin(readme, "python")
-    session.chdir(ROOT)  # the README's command runs in the clone's root
-    session.run(python, "-m", "pip", *readme_install_command(), external=True)
-    session.run(python, "-m", "pip", "install", "-c", str(CONSTRAINTS), "pytest", external=True)
+    session.install("-c", str(CONSTRAINTS), "pytest")
     session.run(
-        python,
-        "-m",
-        "pytest",
-        "--import-mode=importlib",
-        str(ROOT / "tests" / "test_readme.py"),
-        external=True,
-        env=TEST_ENV,
+        "pytest", "--import-mode=importlib", str(ROOT / "tests" / "test_readme.py"), env=TEST_ENV
     )
 
 
