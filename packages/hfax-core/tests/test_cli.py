@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from hfax.cli import _bench_outputs, app
+from hfax.cli import app
 from hfax.plugins import PluginLoadWarning
 
 
@@ -118,19 +118,3 @@ def test_debug_shows_the_traceback():
 def test_version():
     done = hfax_command("--version")
     assert done.returncode == 0 and done.stdout.strip() == "hfax 0.1.0"
-
-
-def test_bench_writes_under_the_chosen_folder_unless_told_otherwise(tmp_path):
-    args = _bench_outputs(["--models", "llama"], tmp_path)
-    assert args == [
-        "--models",
-        "llama",
-        "--json",
-        str(tmp_path / "decode.json"),
-        "--markdown",
-        str(tmp_path / "PERFORMANCE.md"),
-    ]
-    assert _bench_outputs(["--json=x.json", "--no-markdown"], tmp_path) == [
-        "--json=x.json",
-        "--no-markdown",
-    ]

@@ -191,5 +191,27 @@ def hfax_compile_step(
     """
 
 
+@hookspec
+def hfax_register_commands(cli: Any) -> None:
+    """Add commands to the ``hfax`` command line (``hfax serve`` comes from hfax-serve this way).
+
+    ``cli`` is a ``typer.Typer`` to declare commands on with ``@cli.command(...)``; hfax asks each plugin
+    every time it builds the command line (``hfax --help`` lists the commands, ``hfax NAME`` runs one). A
+    name that hfax-core or another plugin already gives is refused with the plugin's name. Keep the module
+    that implements this hook light: import torch, jax or a server inside the command, not at the top.
+    :mod:`hfax.cli` gives commands the pieces the built-in ones use: :class:`~hfax.cli.UserError` and
+    :func:`~hfax.cli.user_errors` (one-line errors, exit code 2), the shared options (``ModelOption``,
+    ``BackendOption``, ...), :func:`~hfax.cli.check_options` and :func:`~hfax.cli.load_model`.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_register_commands(cli):
+            @cli.command("hello", help="Say hello.")
+            def hello(name: str = "world"):
+                print(f"hello {name}")
+    """
+
+
 #: Marks a plugin's implementation of one of the hooks above.
 hookimpl = pluggy.HookimplMarker("hfax")
