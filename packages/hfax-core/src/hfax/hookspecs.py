@@ -7,7 +7,8 @@ A plugin is a module (or object) with functions named like the specs below, deco
     myfamily = "hfax_myfamily.plugin"
 
 Hook arguments are passed by name; an implementation may accept any subset of them, as in pluggy.
-The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below.
+The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below; the last,
+``hfax_register_commands``, is asked by the ``hfax`` command line instead.
 """
 
 from __future__ import annotations
