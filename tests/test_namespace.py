@@ -20,6 +20,7 @@ MODULES = {
     "hfax-jax": "hfax.backends.jax",
     "hfax-patches-llama": "hfax.patches.llama",
     "hfax-patches-gemma": "hfax.patches.gemma",
+    "hfax-serve": "hfax.serve",
 }
 
 

@@ -21,9 +21,14 @@ BROKEN_PLUGIN = "raise RuntimeError('this plugin is broken on purpose')\n"
 BACKEND_PLUGIN = """
     import hfax
 
-    class FakeBackend:
+    class FakeBackend(hfax.Backend):
+        name = "fake"
+
         def devices(self):
             return ["fake:0", "fake:1"]
+
+        def build(self, model, *, params, family, plan, mesh):
+            raise NotImplementedError("a backend for tests builds no model")
 
     @hfax.hookimpl
     def hfax_backends():

@@ -62,6 +62,53 @@ def test_make_mesh_without_jax_says_how_to_get_it():
         hfax.make_mesh(model=2)
 
 
+class Minimal(hfax.Backend):
+    """A backend that implements only what every backend must."""
+
+    name = "minimal"
+
+    def devices(self):
+        return ["minimal:0"]
+
+    def build(self, model, *, params, family, plan, mesh):
+        return model
+
+
+def test_a_backend_gets_a_default_for_every_capability_it_does_not_offer():
+    backend = Minimal()
+    mesh = object()
+    assert backend.adopt_mesh(mesh) is mesh and backend.adopt_mesh(None) is None
+    with pytest.raises(ValueError, match="backend 'minimal' takes no axis_names"):
+        backend.adopt_mesh(mesh, {"model": "tp"})
+    with pytest.raises(ValueError, match="backend 'minimal' builds no device mesh"):
+        backend.make_mesh(model=2)
+    assert backend.serves() is False
+    with pytest.raises(NotImplementedError, match="the minimal backend has no continuous-batching"):
+        backend.serving_engine(None, slots=2, length=64, chunk=4)
+
+
+def test_devices_and_build_have_no_default():
+    class Half(hfax.Backend):
+        def devices(self):
+            return []
+
+    with pytest.raises(TypeError, match="build"):
+        Half()
+
+
+def test_a_backend_class_that_is_not_an_hfax_backend_is_refused_by_name(install, monkeypatch):
+    source = "class Plain:\n    def devices(self):\n        return []\n"
+    install("hfax-plain", {}, {"plain_backend": source})
+    spec = hfax.BackendSpec("plain", "plain_backend:Plain")
+    with pytest.raises(TypeError, match="backend 'plain' .* must subclass hfax.Backend"):
+        spec.load()
+
+
+def test_make_mesh_asks_the_backend(fake_backend):
+    with pytest.raises(ValueError, match="backend 'fake' builds no device mesh"):
+        hfax.make_mesh(backend="fake", model=2)
+
+
 def test_auto_classes_are_not_instantiated_directly():
     with pytest.raises(TypeError, match="from_pretrained"):
         hfax.AutoModelForTPU()

@@ -1,16 +1,18 @@
-"""The ``hfax`` command line: ``plugins`` and ``env``, and user errors before any backend loads (``generate``
-and ``chat`` on a model: packages/hfax-jax/tests/test_cli_jax.py)."""
+"""The ``hfax`` command line: ``plugins`` and ``env``, user errors before any backend loads (``generate``
+and ``chat`` on a model: packages/hfax-jax/tests/test_cli_jax.py), and the commands plugins add."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 from typer.testing import CliRunner
 
-from hfax.cli import _bench_outputs, app
-from hfax.plugins import PluginLoadWarning
+import hfax
+from hfax.cli import app
+from hfax.plugins import PluginHookError, PluginLoadWarning, reset_plugins
 
 
 def run(*args: str) -> str:
@@ -120,17 +122,63 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == "hfax 0.1.0"
 
 
-def test_bench_writes_under_the_chosen_folder_unless_told_otherwise(tmp_path):
-    args = _bench_outputs(["--models", "llama"], tmp_path)
-    assert args == [
-        "--models",
-        "llama",
-        "--json",
-        str(tmp_path / "decode.json"),
-        "--markdown",
-        str(tmp_path / "PERFORMANCE.md"),
-    ]
-    assert _bench_outputs(["--json=x.json", "--no-markdown"], tmp_path) == [
-        "--json=x.json",
-        "--no-markdown",
-    ]
+COMMAND_PLUGIN = """
+    import hfax
+
+    @hfax.hookimpl
+    def hfax_register_commands(cli):
+        @cli.command("hello", help="Say hello from a plugin.")
+        def hello(name: str = "world"):
+            print(f"hello {name}")
+"""
+
+
+def test_a_plugin_adds_a_command_that_help_lists_and_that_runs(install, monkeypatch):
+    install("hfax-hello", {"hello": "hello_commands"}, {"hello_commands": COMMAND_PLUGIN})
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    assert "Say hello from a plugin." in run("--help")
+    assert run("hello", "--name", "plugins").strip() == "hello plugins"
+    monkeypatch.setenv("HFAX_BLOCK_PLUGINS", "hello")  # blocked, its command goes with it
+    reset_plugins()
+    result = CliRunner().invoke(app, ["hello"])
+    assert result.exit_code == 2 and "No such command 'hello'" in result.output
+
+
+def test_a_plugin_registered_in_code_adds_its_command(monkeypatch):
+    import typer
+
+    class Commands:
+        @hfax.hookimpl
+        def hfax_register_commands(self, cli: typer.Typer) -> None:
+            cli.command("ping")(lambda: typer.echo("pong"))
+
+    monkeypatch.setenv("HFAX_DISABLE_PLUGINS", "1")
+    hfax.register(Commands(), name="in-code-commands")
+    assert "ping" in run("--help")
+    assert run("ping").strip() == "pong"
+
+
+def test_a_plugin_command_may_not_take_a_core_commands_name(install, monkeypatch):
+    source = COMMAND_PLUGIN.replace('"hello"', '"generate"')
+    install("hfax-clash", {"clash": "clash_commands"}, {"clash_commands": source})
+    monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
+    result = CliRunner().invoke(app, ["--help"])
+    assert isinstance(result.exception, PluginHookError)
+    assert "hfax-clash:clash" in str(result.exception) and "'generate'" in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    ("command", "distribution"), [("serve", "hfax-serve"), ("finetune", "hfax-jax")]
+)
+def test_a_plugin_command_without_its_plugin_names_the_package_to_install(command, distribution):
+    # What a user sees: one line naming the distribution and the command that installs it, exit code 2.
+    done = subprocess.run(
+        [sys.executable, "-c", "from hfax.cli import main; main()", command, "-m", "x", "--port", "1"],
+        capture_output=True, text=True, env={**os.environ, "HFAX_DISABLE_PLUGINS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"hfax: error: `hfax {command}` comes from the {distribution} plugin, which is not installed (or "
+        "is blocked: see `hfax plugins`); to install it: in the root of a clone of hfax, pip install -r "
+        "requirements/jax.txt"
+    )

@@ -2,6 +2,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import hfax
 
 
@@ -18,6 +20,16 @@ def test_listing_plugins_imports_neither_torch_nor_torch_xla():
 def test_the_backend_lists_its_devices():
     devices = hfax.get_backend("torch_xla").devices()
     assert devices and all(":" in device for device in devices)
+
+
+def test_the_backend_has_no_serving_engine_and_says_so():
+    # hfax serve asks serves() before loading anything; serving_engine itself refuses by name.
+    backend = hfax.get_backend("torch_xla")
+    assert backend.serves() is False
+    with pytest.raises(
+        NotImplementedError, match="the torch_xla backend has no continuous-batching"
+    ):
+        backend.serving_engine(None, slots=2, length=64, chunk=4)
 
 
 def test_compiled_programs_go_to_the_persistent_cache(tiny):

@@ -27,6 +27,7 @@ from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
 from hfax.plugins import detect_family, get_plugin_manager, register, unregister
 from hfax.registry import (
+    Backend,
     BackendSpec,
     Claim,
     DeviceMemoryError,
@@ -39,15 +40,9 @@ from hfax.registry import (
 
 def make_mesh(backend: str = "jax", **axis_sizes: int) -> Any:
     """A device mesh with axes among ``data``, ``fsdp`` and ``model``, e.g. ``make_mesh(data=2, model=4)``:
-    built by ``backend`` (the JAX backend: a ``jax.sharding.Mesh`` over every device)."""
-    engine = get_backend(backend)
-    factory = getattr(engine, "make_mesh", None)
-    if factory is None:
-        raise ValueError(
-            f"backend {backend!r} builds no device mesh; pass its own mesh object as mesh=, or "
-            'make_mesh(backend="jax", ...)'
-        )
-    return factory(**axis_sizes)
+    built by ``backend`` (:meth:`Backend.make_mesh`; the JAX backend's is a ``jax.sharding.Mesh`` over every
+    device)."""
+    return get_backend(backend).make_mesh(**axis_sizes)
 
 
 __all__ = [
@@ -57,6 +52,7 @@ __all__ = [
     "AutoModelForSeq2SeqLM",
     "AutoModelForSequenceClassification",
     "AutoModelForTPU",
+    "Backend",
     "BackendNotInstalledError",
     "BackendSpec",
     "Claim",

@@ -13,6 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from hfax import checkpoints, plugins
 from hfax.patching import Patcher
+from hfax.registry import Backend
 
 logger = logging.getLogger("hfax")
 
@@ -35,7 +36,7 @@ class UntestedVersionWarning(UserWarning):
     """A family's patches meet a transformers version outside the range they were tested on."""
 
 
-def get_backend(name: str) -> Any:
+def get_backend(name: str) -> Backend:
     """Load the backend called ``name``, or explain how to get it."""
     installed = plugins.backends()
     if name in installed:
@@ -142,7 +143,7 @@ class AutoModelForTPU:
         (docs/SHARDING.md, "Host memory while loading").
         """
         engine = get_backend(backend)  # fail on a missing backend before loading gigabytes
-        mesh = _adopt_mesh(engine, mesh, axis_names)
+        mesh = engine.adopt_mesh(mesh, axis_names)
         name_or_path, model_class, family, model = cls._resolve(name_or_path, hf_kwargs)
         plan = _plan(model, backend, family, mesh)
         streamed = _stream(name_or_path, model, engine, backend, family, mesh, plan, hf_kwargs)
@@ -220,21 +221,10 @@ class AutoModelForTPU:
     ) -> Any:
         """Run an already-loaded ``torch.nn.Module`` from transformers on ``backend``."""
         engine = get_backend(backend)
-        mesh = _adopt_mesh(engine, mesh, axis_names)
+        mesh = engine.adopt_mesh(mesh, axis_names)
         family = plugins.detect_family(model.config)
         check_family_version(family)
         return _finish(model, engine, backend, family, mesh)
-
-
-def _adopt_mesh(engine: Any, mesh: Any, axis_names: Mapping[str, str] | None) -> Any:
-    """The user's ``mesh`` as ``engine`` places weights on it (axes checked and renamed by ``axis_names``),
-    for backends that take meshes made outside hfax; the others get it as given."""
-    adopt = getattr(engine, "adopt_mesh", None)
-    if adopt is not None:
-        return adopt(mesh, axis_names)
-    if axis_names:
-        raise ValueError(f"backend {engine.name!r} takes no axis_names: name its mesh's axes")
-    return mesh
 
 
 def _meta_model(
@@ -280,7 +270,7 @@ def _plan(model: Any, backend: str, family: str, mesh: Any) -> Any:
 def _stream(
     name_or_path: str,
     model: Any,
-    engine: Any,
+    engine: Backend,
     backend: str,
     family: str,
     mesh: Any,
@@ -323,7 +313,9 @@ def _patch(model: Any, family: str, backend: str) -> None:
     )
 
 
-def _finish(model: Any, engine: Any, backend: str, family: str, mesh: Any, plan: Any = None) -> Any:
+def _finish(
+    model: Any, engine: Backend, backend: str, family: str, mesh: Any, plan: Any = None
+) -> Any:
     hook = plugins.get_plugin_manager().hook
     _patch(model, family, backend)
     if plan is None:  # an already-loaded model: checked now, before its weights move

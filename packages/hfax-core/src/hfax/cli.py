@@ -1,7 +1,11 @@
-"""The ``hfax`` command line.
+"""The ``hfax`` command line: core's commands (``plugins``, ``env``, ``plan``, ``generate``, ``chat``) and
+those plugins add through ``hfax_register_commands`` (``serve`` from hfax-serve, ``finetune`` from hfax-jax).
 
 A user's mistake (a missing model, an unknown backend, a bad option value) ends in one line on stderr
-naming the problem and the fix, and exit code 2; ``hfax --debug ...`` shows the traceback instead.
+naming the problem and the fix, and exit code 2; ``hfax --debug ...`` shows the traceback instead. What
+plugins' commands share with core's is public here: :class:`UserError`, :func:`user_errors`, the options
+(``ModelOption``, ``BackendOption``, ``MeshOption``, ``DtypeOption``), :func:`check_options`,
+:func:`parse_mesh` and :func:`load_model`. This module imports no backend and no plugin's code.
 """
 
 from __future__ import annotations
@@ -13,13 +17,81 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from hfax import plugins
 
+#: Commands that plugins give, with the distribution that gives each and the hfax extra that installs it
+#: (:func:`hfax.auto.install_command`): what ``hfax NAME`` names while that plugin is not loaded.
+PLUGIN_COMMANDS = {"serve": ("hfax-serve", "jax"), "finetune": ("hfax-jax", "jax")}
+
+
+class Commands(TyperGroup):
+    """Core's commands, then those of every plugin's ``hfax_register_commands``, asked for when the command
+    line is built (so a plugin registered in code adds its commands too)."""
+
+    @functools.cached_property
+    def plugin_commands(self) -> dict[str, Any]:
+        return plugin_commands(taken=set(self.commands))
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *self.plugin_commands]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name) or self.plugin_commands.get(cmd_name)
+        if command is None and cmd_name in PLUGIN_COMMANDS:
+            return _missing_command(cmd_name, *PLUGIN_COMMANDS[cmd_name])
+        return command
+
+
+def plugin_commands(taken: Collection[str] = ()) -> dict[str, Any]:
+    """The commands plugins give (``hfax_register_commands``), by name, in the plugins' load order. A name in
+    ``taken`` or given by an earlier plugin is refused: reported with the plugin's name, as a failed hook."""
+    found: dict[str, Any] = {}
+    for impl in plugins.get_plugin_manager().hook.hfax_register_commands.get_hookimpls():
+        commands = typer.Typer()
+        impl.function(*(commands for _ in impl.argnames))
+        if not commands.registered_commands and not commands.registered_groups:
+            continue
+        for name, command in typer.main.get_group(commands).commands.items():
+            if name in taken or name in found:
+                plugins.hook_failed(
+                    impl.plugin_name,
+                    "hfax_register_commands",
+                    f"gives the command {name!r}, which hfax already has",
+                )
+                continue
+            found[name] = command
+    return found
+
+
+def _missing_command(name: str, distribution: str, extra: str) -> Any:
+    """``hfax NAME`` for a plugin's command while its plugin is not loaded: one line saying what to install."""
+    stub = typer.Typer()
+
+    @stub.command(
+        name,
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def missing() -> None:
+        from hfax.auto import install_command
+
+        typer.echo(
+            f"hfax: error: `hfax {name}` comes from the {distribution} plugin, which is not installed "
+            f"(or is blocked: see `hfax plugins`); to install it: {install_command(extra)}",
+            err=True,
+        )
+        raise typer.Exit(USAGE_ERROR)
+
+    return typer.main.get_command(stub)
+
+
 app = typer.Typer(
+    cls=Commands,
     help="Run Hugging Face transformers models on XLA devices.",
     no_args_is_help=True,
     add_completion=False,
@@ -52,7 +124,7 @@ def _options(
     _debug = debug
 
 
-def _user_errors(command: Callable[..., None]) -> Callable[..., None]:
+def user_errors(command: Callable[..., None]) -> Callable[..., None]:
     """Report a user's mistake in one line with exit code 2, not as a traceback (unless --debug).
 
     Besides :class:`UserError`, what hfax and transformers raise for bad input counts: an unknown or missing
@@ -138,7 +210,7 @@ def _parse_sizes(mesh: str | None) -> dict[str, int]:
     return sizes
 
 
-def _parse_mesh(mesh: str | None, backend: str) -> Any:
+def parse_mesh(mesh: str | None, backend: str) -> Any:
     sizes = _parse_sizes(mesh)
     if not sizes:
         return None
@@ -166,7 +238,7 @@ def _check_model(model: str | None) -> None:
         )
 
 
-def _check_options(model: str | None, mesh: str | None, dtype: str | None, backend: str) -> None:
+def check_options(model: str | None, mesh: str | None, dtype: str | None, backend: str) -> None:
     """Everything checkable about the model options before anything loads."""
     _check_model(model)
     if dtype is not None and dtype not in DTYPES:
@@ -204,7 +276,9 @@ def _progress(description: str) -> Any:
     return progress
 
 
-def _load(model: str | None, backend: str, mesh: str | None, dtype: str | None) -> tuple[Any, Any]:
+def load_model(
+    model: str | None, backend: str, mesh: str | None, dtype: str | None
+) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
     from hfax import AutoModelForCausalLM
@@ -215,7 +289,7 @@ def _load(model: str | None, backend: str, mesh: str | None, dtype: str | None) 
     started = time.perf_counter()
     with _progress(f"loading {path} on {backend}"):
         loaded = AutoModelForCausalLM.from_pretrained(
-            path, backend=backend, mesh=_parse_mesh(mesh, backend), **kwargs
+            path, backend=backend, mesh=parse_mesh(mesh, backend), **kwargs
         )
         tokenizer = AutoTokenizer.from_pretrained(path)
     typer.echo(f"[loaded {path} on {backend} in {time.perf_counter() - started:.1f} s]", err=True)
@@ -285,7 +359,7 @@ def _check_tokens(max_new_tokens: int) -> None:
 
 
 @app.command("plan")
-@_user_errors
+@user_errors
 def plan_command(
     model: Optional[str] = ModelOption,
     backend: str = BackendOption,
@@ -309,7 +383,7 @@ def plan_command(
             parse_size(device_memory)
         except ValueError as error:
             raise UserError(f"--device-memory {device_memory}: {error}") from None
-    _check_options(model, None, dtype, backend)
+    check_options(model, None, dtype, backend)
     sizes = _parse_mesh_sizes(mesh)
     if device_memory:
         os.environ["HFAX_DEVICE_MEMORY"] = device_memory
@@ -324,7 +398,7 @@ def plan_command(
 
 
 @app.command("generate")
-@_user_errors
+@user_errors
 def generate_command(
     prompt: str = typer.Argument(..., help="Text to continue; - reads it from stdin."),
     model: Optional[str] = ModelOption,
@@ -342,10 +416,10 @@ def generate_command(
 ) -> None:
     """Stream the continuation of PROMPT, then report tokens/s and compile time."""
     _check_tokens(max_new_tokens)
-    _check_options(model, mesh, dtype, backend)
+    check_options(model, mesh, dtype, backend)
     if prompt == "-":
         prompt = sys.stdin.read().removesuffix("\n")  # `echo text | hfax generate -` means "text"
-    tokenizer, loaded = _load(model, backend, mesh, dtype)
+    tokenizer, loaded = load_model(model, backend, mesh, dtype)
     input_ids = tokenizer([prompt], return_tensors="np")["input_ids"]
     options = _sampling(
         max_new_tokens=max_new_tokens,
@@ -359,7 +433,7 @@ def generate_command(
 
 
 @app.command("chat")
-@_user_errors
+@user_errors
 def chat_command(
     model: Optional[str] = ModelOption,
     backend: str = BackendOption,
@@ -370,8 +444,8 @@ def chat_command(
 ) -> None:
     """Chat with the model, using its tokenizer's chat template. An empty line or EOF ends the chat."""
     _check_tokens(max_new_tokens)
-    _check_options(model, mesh, dtype, backend)
-    tokenizer, loaded = _load(model, backend, mesh, dtype)
+    check_options(model, mesh, dtype, backend)
+    tokenizer, loaded = load_model(model, backend, mesh, dtype)
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("this model's tokenizer has no chat template; use `hfax generate` instead")
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -390,168 +464,6 @@ def chat_command(
         output = _generate(loaded, tokenizer, input_ids, options, lead="model> ")
         reply = tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
         messages.append({"role": "assistant", "content": reply.strip()})
-
-
-@app.command("serve")
-@_user_errors
-def serve_command(
-    model: Optional[str] = ModelOption,
-    backend: str = BackendOption,
-    mesh: Optional[str] = MeshOption,
-    dtype: Optional[str] = DtypeOption,
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8000, "--port", help="Port to listen on."),
-    max_batch: int = typer.Option(
-        8, "--max-batch", help="Requests decoded together (rows of the decode program)."
-    ),
-    max_queue: int = typer.Option(
-        64, "--max-queue", help="Requests that may wait for a row; more are answered 429."
-    ),
-    max_len: Optional[int] = typer.Option(
-        None,
-        "--max-len",
-        help="Prompt plus new tokens per request (default: the model's, up to 1024).",
-    ),
-    served_name: Optional[str] = typer.Option(
-        None, "--served-model-name", help="The model name clients send (default: --model as given)."
-    ),
-    drain: float = typer.Option(
-        30.0, "--drain", help="Seconds in-flight requests get to finish on shutdown."
-    ),
-) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
-    if max_batch < 1 or max_queue < 0:
-        raise UserError("--max-batch must be at least 1 and --max-queue at least 0")
-    if not 0 < port < 65536:
-        raise UserError(f"--port {port}: choose a port from 1 to 65535")
-    _check_options(model, mesh, dtype, backend)
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as error:
-        raise UserError(
-            f'hfax serve needs starlette and uvicorn ({error}); pip install "hfax-core[serve]"'
-        ) from None
-    from hfax import serve
-    from hfax.demo import default_model
-
-    tokenizer, loaded = _load(model, backend, mesh, dtype)
-    try:
-        serve.run(
-            loaded, tokenizer, served_name or model or default_model(), host=host, port=port,
-            max_batch=max_batch, max_queue=max_queue, max_len=max_len, drain=drain,
-        )  # fmt: skip
-    except NotImplementedError as error:
-        raise UserError(str(error)) from None
-
-
-@app.command("finetune")
-@_user_errors
-def finetune_command(
-    data: str = typer.Option(
-        ..., "--data", help='JSON lines: {"text"} or {"prompt", "completion"}.'
-    ),
-    out: str = typer.Option(
-        ..., "--out", help="Folder for the PEFT adapter, loss.svg and train_log.json."
-    ),
-    model: Optional[str] = ModelOption,
-    mesh: Optional[str] = MeshOption,
-    dtype: Optional[str] = DtypeOption,
-    steps: int = typer.Option(100, "--steps"),
-    lora_rank: int = typer.Option(8, "--lora-rank"),
-    lora_alpha: Optional[float] = typer.Option(
-        None, "--lora-alpha", help="Default: twice the rank."
-    ),
-    lora_targets: str = typer.Option("q_proj,v_proj", "--lora-targets", help="Linear layer names."),
-    batch_size: int = typer.Option(8, "--batch-size"),
-    learning_rate: float = typer.Option(1e-3, "--learning-rate", "--lr"),
-    max_length: int = typer.Option(256, "--max-length", help="Tokens kept of each record."),
-    seed: int = typer.Option(0),
-) -> None:
-    """Fine-tune LoRA adapters on the JAX backend; save them in PEFT's format with a loss curve."""
-    try:
-        from hfax.backends.jax.train.finetune import finetune
-    except ImportError as error:
-        raise UserError(
-            f'fine-tuning needs the JAX backend with flax and optax ({error}): pip install "hfax[train]"'
-        ) from None
-    from hfax.demo import default_model
-
-    targets = tuple(name.strip() for name in lora_targets.split(",") if name.strip())
-    result = finetune(
-        model or default_model(),
-        data,
-        out,
-        steps=steps,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        targets=targets,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        max_length=max_length,
-        mesh=_parse_mesh(mesh, "jax"),
-        dtype=dtype,
-        seed=seed,
-    )
-    typer.echo(
-        f"held-out loss {result.eval_loss_before:.4f} -> {result.eval_loss_after:.4f}; "
-        f"{result.tokens_per_second:.0f} tokens/s; adapter, loss.svg and train_log.json in {result.out}"
-    )
-
-
-BenchOutOption = typer.Option(
-    Path("hfax-bench"), "--out", help="Folder for the JSON record and the Markdown page."
-)
-
-
-def _bench_outputs(args: list[str], out: Path) -> list[str]:
-    """``args`` with the benchmark's JSON record and Markdown page under ``out`` unless they name them."""
-    given = {arg.split("=")[0] for arg in args}
-    extra = []
-    if "--json" not in given:
-        extra += ["--json", str(out / "decode.json")]
-    if "--markdown" not in given and "--no-markdown" not in given:
-        extra += ["--markdown", str(out / "PERFORMANCE.md")]
-    return [*args, *extra]
-
-
-@app.command(
-    "bench",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    },
-)
-@_user_errors
-def bench_command(
-    ctx: typer.Context,
-    out: Path = BenchOutOption,
-) -> None:
-    """Benchmark hfax against transformers, torch.compile and the torchax recipe (benchmarks/decode.py).
-
-    It writes decode.json and PERFORMANCE.md under --out (default ./hfax-bench); every other option goes to
-    the script: `hfax bench --help` lists them. It runs from a source checkout (the current directory's or
-    the one hfax is installed from, editable).
-    """
-    import importlib.util
-
-    candidates = [
-        Path.cwd() / "benchmarks" / "decode.py",
-        Path(__file__).resolve().parents[4] / "benchmarks" / "decode.py",
-    ]
-    script = next((path for path in candidates if path.is_file()), None)
-    if script is None:
-        raise UserError(
-            "hfax bench runs benchmarks/decode.py from hfax's source: run it from a checkout of the "
-            f"repository (looked for {' and '.join(map(str, candidates))})"
-        )
-    spec = importlib.util.spec_from_file_location("hfax_benchmark_decode", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    out.mkdir(parents=True, exist_ok=True)
-    raise typer.Exit(module.main(_bench_outputs(ctx.args, out.resolve())))
 
 
 def main() -> None:

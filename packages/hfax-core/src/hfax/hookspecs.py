@@ -7,7 +7,8 @@ A plugin is a module (or object) with functions named like the specs below, deco
     myfamily = "hfax_myfamily.plugin"
 
 Hook arguments are passed by name; an implementation may accept any subset of them, as in pluggy.
-The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below.
+The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below; the last,
+``hfax_register_commands``, is asked by the ``hfax`` command line instead.
 """
 
 from __future__ import annotations
@@ -188,6 +189,28 @@ def hfax_compile_step(
         def hfax_compile_step(fn, backend, name, static_argnames, donate_argnames):
             if backend == "jax":
                 return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)
+    """
+
+
+@hookspec
+def hfax_register_commands(cli: Any) -> None:
+    """Add commands to the ``hfax`` command line (``hfax serve`` comes from hfax-serve this way).
+
+    ``cli`` is a ``typer.Typer`` to declare commands on with ``@cli.command(...)``; hfax asks each plugin
+    every time it builds the command line (``hfax --help`` lists the commands, ``hfax NAME`` runs one). A
+    name that hfax-core or another plugin already gives is refused with the plugin's name. Keep the module
+    that implements this hook light: import torch, jax or a server inside the command, not at the top.
+    :mod:`hfax.cli` gives commands the pieces the built-in ones use: :class:`~hfax.cli.UserError` and
+    :func:`~hfax.cli.user_errors` (one-line errors, exit code 2), the shared options (``ModelOption``,
+    ``BackendOption``, ...), :func:`~hfax.cli.check_options` and :func:`~hfax.cli.load_model`.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_register_commands(cli):
+            @cli.command("hello", help="Say hello.")
+            def hello(name: str = "world"):
+                print(f"hello {name}")
     """
 
 

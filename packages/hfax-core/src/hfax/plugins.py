@@ -78,6 +78,7 @@ ISOLATED_HOOKS = frozenset(
         "hfax_detect_model",
         "hfax_sharding_plan",
         "hfax_patch_model",
+        "hfax_register_commands",
     }
 )
 
@@ -227,18 +228,18 @@ def _guarded(function: Any, hook: str, plugin_id: str) -> Any:
                 raise
             if patcher is not None:
                 patcher.undo(keep)
-            return _hook_failed(plugin_id, hook, f"raised {type(error).__name__}: {error}", error)
+            return hook_failed(plugin_id, hook, f"raised {type(error).__name__}: {error}", error)
         if not _conforms(result, expected):
             problem = f"returned {type(result).__name__} {result!r:.80}, not {_type_text(expected)}"
             if hook not in ISOLATED_HOOKS:
                 raise PluginHookError(f"hfax plugin {plugin_id!r}: {hook} {problem}")
-            return _hook_failed(plugin_id, hook, problem)
+            return hook_failed(plugin_id, hook, problem)
         return result
 
     return guarded
 
 
-def _hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | None = None) -> None:
+def hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | None = None) -> None:
     """Report a failed hook implementation: raise in strict mode, else warn; its answer is skipped."""
     message = (
         f"hfax plugin {plugin_id!r}: {hook} {problem}; its answer was skipped. Fix or upgrade the "

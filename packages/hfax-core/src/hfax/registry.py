@@ -1,12 +1,17 @@
-"""The small value types that plugins hand to core: backends, families, claims and sharding plans."""
+"""The small value types that plugins hand to core (backends, families, claims and sharding plans) and the
+:class:`Backend` base class every backend subclasses."""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import os
 import re
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from hfax.generation.slots import SlotEngine
 
 #: A per-dimension layout: one mesh axis name (or ``None`` for "not split") per tensor dimension.
 Spec = tuple[str | None, ...]
@@ -15,14 +20,68 @@ Spec = tuple[str | None, ...]
 MESH_AXES = ("data", "fsdp", "model")
 
 
-class Backend(Protocol):
-    """What core asks of the object a :class:`BackendSpec` loads."""
+class Backend(abc.ABC):
+    """Everything core and the applications (``hfax serve``) may ask of a backend, in one place.
 
+    A backend's plugin names a subclass in its :class:`BackendSpec`; core builds one instance per request
+    for the backend and asks only what is declared here, never probing for attributes. ``devices`` and
+    ``build`` are what makes a backend, so a subclass must implement them; every other capability has a
+    default that says "not offered" in an error naming the backend and the way out, so a new backend
+    starts small and overrides what it can do (the way vLLM's ``Platform`` declares a platform's
+    capabilities). Tested in packages/hfax-core/tests/test_backends.py.
+
+    Example::
+
+        class MyBackend(hfax.Backend):
+            name = "mine"
+
+            def devices(self):
+                return ["mine:0"]
+
+            def build(self, model, *, params, family, plan, mesh):
+                return MyModel(model, params)
+    """
+
+    #: The name users pass as ``backend=`` (the :class:`BackendSpec`'s).
+    name: str = ""
+
+    @abc.abstractmethod
     def devices(self) -> Sequence[Any]:
         """The devices this backend would run on here (``hfax env`` prints them)."""
 
+    @abc.abstractmethod
     def build(self, model: Any, *, params: Any, family: str, plan: ShardingPlan, mesh: Any) -> Any:
         """The hfax model for a patched PyTorch ``model`` whose weights ``hfax_shard_weights`` placed as ``params``."""
+
+    def make_mesh(self, **axis_sizes: int) -> Any:
+        """``hfax.make_mesh(backend=..., **axis_sizes)``: a device mesh over every device, with axes among
+        :data:`MESH_AXES`. Default: this backend builds none (it takes axis sizes, or a mesh of its own)."""
+        raise ValueError(
+            f"backend {self.name!r} builds no device mesh; pass its own mesh object as mesh=, or "
+            'make_mesh(backend="jax", ...)'
+        )
+
+    def adopt_mesh(self, mesh: Any, axis_names: Mapping[str, str] | None = None) -> Any:
+        """The user's ``mesh`` as this backend places weights on it, its axes checked and renamed to
+        :data:`MESH_AXES` by ``axis_names`` (``{"model": "tp"}``). Default: the mesh as given, and no
+        renaming."""
+        if axis_names:
+            raise ValueError(f"backend {self.name!r} takes no axis_names: name its mesh's axes")
+        return mesh
+
+    def serves(self) -> bool:
+        """Whether :meth:`serving_engine` builds a continuous-batching engine (``hfax serve`` asks before
+        it loads a model). Default: no."""
+        return False
+
+    def serving_engine(self, model: Any, *, slots: int, length: int, chunk: int) -> SlotEngine:
+        """A continuous-batching engine over ``model`` (one this backend built): ``slots`` rows of a
+        ``length``-column cache, ``chunk`` decode steps per :meth:`~hfax.generation.slots.SlotEngine.decode`.
+        A backend that overrides it overrides :meth:`serves` too. Default: refused, naming the backend."""
+        raise NotImplementedError(
+            f"the {self.name} backend has no continuous-batching engine, so hfax serve cannot run on it; "
+            "serve with a backend that has one (-b jax)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +95,13 @@ class BackendSpec:
     def load(self) -> Backend:
         """Import the backend and return an instance (this is where torch / jax get imported)."""
         module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)()
+        backend = getattr(importlib.import_module(module), attribute)()
+        if not isinstance(backend, Backend):
+            raise TypeError(
+                f"backend {self.name!r} ({self.target}) is a {type(backend).__name__}, not an hfax.Backend: "
+                "its plugin must subclass hfax.Backend"
+            )
+        return backend
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,13 +6,15 @@ from typing import Any
 
 import jax
 
+from hfax import Backend
 from hfax.backends.jax import monitor, pytrees
 from hfax.backends.jax.mesh import adopt, make_mesh, replicate_position_tables
 from hfax.backends.jax.model import JaxModel
 
 
-class JaxBackend:
-    """Builds :class:`JaxModel` objects; the per-step work goes through the hooks in ``plugin.py``."""
+class JaxBackend(Backend):
+    """Builds :class:`JaxModel` objects, makes and adopts JAX meshes and serves; the per-step work goes
+    through the hooks in ``plugin.py``."""
 
     name = "jax"
 
@@ -46,3 +48,13 @@ class JaxBackend:
         return JaxModel(
             model, params, family=family, plan=plan, mesh=mesh, compile_step=compile_step
         )
+
+    def serves(self) -> bool:
+        return True
+
+    def serving_engine(self, model: Any, *, slots: int, length: int, chunk: int) -> Any:
+        """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
+        from hfax.backends.jax.slots import SlotEngine
+
+        model.check_can_generate()
+        return SlotEngine(model, slots, length, chunk)

@@ -150,29 +150,11 @@ class JaxModel(BackendModel):
         )
         return _like_inputs(output, inputs)
 
-    def to_nnx(self, *, compute_dtype: Any = None, remat: bool = False) -> Any:
-        """This model as a Flax NNX module sharing its placed weights, for training: see
-        :class:`hfax.backends.jax.train.TransformersModule` (needs ``pip install "hfax-jax[train]"``)."""
-        try:
-            from hfax.backends.jax.train import to_nnx
-        except ImportError as error:
-            raise ImportError(
-                f'to_nnx needs flax and optax ({error}); install them with pip install "hfax-jax[train]"'
-            ) from error
-        return to_nnx(self, compute_dtype=compute_dtype, remat=remat)
-
     def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
         """transformers' ``generate`` on device (:mod:`hfax.generation`): the result has the array type
         of ``input_ids`` (numpy, torch or JAX), or is transformers' ``Generate*Output``."""
         self.check_can_generate()
         return generation.generate(self, input_ids, attention_mask, **options)
-
-    def serving_engine(self, slots: int, length: int, chunk: int) -> Any:
-        """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
-        from hfax.backends.jax.slots import SlotEngine
-
-        self.check_can_generate()
-        return SlotEngine(self, slots, length, chunk)
 
 
 def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:

@@ -95,3 +95,11 @@ def hfax_compile_step(
     import jax
 
     return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)
+
+
+@hookimpl
+def hfax_register_commands(cli: Any) -> None:
+    """``hfax finetune`` (:mod:`hfax.backends.jax.commands`)."""
+    from hfax.backends.jax import commands
+
+    commands.register(cli)

@@ -51,7 +51,7 @@ from hfax.generation.shapes import (
     cache_argument,
     no_static_cache,
 )
-from hfax.serve.scheduler import Chunk
+from hfax.generation.slots import Chunk
 
 
 def check_servable(model: Any, length: int) -> None:
@@ -328,7 +328,7 @@ def release_program(model: Any, state: dict[str, Any], free: Any, static: Static
 
 
 class SlotEngine:
-    """``slots`` rows of a ``length``-column cache for :class:`hfax.serve.scheduler.Scheduler`."""
+    """``slots`` rows of a ``length``-column cache: the JAX backend's :class:`hfax.generation.slots.SlotEngine`."""
 
     def __init__(self, model: Any, slots: int, length: int, chunk: int) -> None:
         check_servable(model, length)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from hfax import Backend
 from hfax.backends.torchxla import runtime
 from hfax.backends.torchxla.model import TorchXlaModel
 
@@ -13,8 +14,9 @@ from hfax.backends.torchxla.model import TorchXlaModel
 DYNAMO_TRACE_LIMIT = 4096
 
 
-class TorchXlaBackend:
+class TorchXlaBackend(Backend):
     """Builds :class:`TorchXlaModel` objects; the per-step work goes through the hooks in ``plugin.py``.
+    It takes meshes as axis sizes and has no continuous-batching engine: :class:`hfax.Backend`'s defaults.
 
     Nothing here touches the XLA runtime: the first model's ``hfax_shard_weights`` starts it, in SPMD mode
     when it has a mesh (a choice PyTorch/XLA takes only before the first computation).

@@ -4,7 +4,7 @@ Needs the ``train`` extra (``pip install "hfax-jax[train]"``: flax and optax)::
 
     from hfax.backends.jax import train
 
-    module = train.from_pretrained(path, mesh=mesh)          # or hfax_model.to_nnx()
+    module = train.from_pretrained(path, mesh=mesh)          # or train.to_nnx(hfax_model)
     train.add_lora(module, ["q_proj", "v_proj"], rank=8)
     optimizer = nnx.Optimizer(module, optax.adamw(1e-4), wrt=nnx.LoRAParam)
 """

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hfax.generation.rows import Sampling
-from hfax.serve.scheduler import Chunk, Scheduler, Sequence
+from hfax.generation.slots import Chunk
+from hfax.serve.scheduler import Scheduler, Sequence
 
 BUCKET = 16
 

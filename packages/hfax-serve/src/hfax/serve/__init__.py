@@ -2,9 +2,10 @@
 
     hfax serve -m MODEL --max-batch 8        then   POST http://127.0.0.1:8000/v1/chat/completions
 
-:mod:`hfax.serve.scheduler` batches requests on the backend's slot engine, :mod:`hfax.serve.requests` checks
-OpenAI's request fields, :mod:`hfax.serve.app` is the HTTP API (Starlette and uvicorn, from the extra
-``hfax-core[serve]``).
+:mod:`hfax.serve.scheduler` batches requests on the slot engine the backend declares
+(:meth:`hfax.Backend.serving_engine`), :mod:`hfax.serve.requests` checks OpenAI's request fields,
+:mod:`hfax.serve.app` is the HTTP API (Starlette and uvicorn), :mod:`hfax.serve.command` the command
+line that :mod:`hfax.serve.plugin` adds to ``hfax``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from hfax.generation.rows import Sampling
+from hfax.generation.slots import SlotEngine
+from hfax.registry import Backend
 
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
 #: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
@@ -38,15 +41,10 @@ def context_length(model: Any, requested: int | None) -> int:
     return requested
 
 
-def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
-    """The backend's slot engine for ``model``, its programs compiled by one throwaway request."""
-    make = getattr(model, "serving_engine", None)
-    if make is None:
-        raise NotImplementedError(
-            f"the {getattr(model, 'backend', type(model).__name__)} backend has no continuous-batching "
-            "engine yet; serve with -b jax"
-        )
-    slot_engine = make(slots, length, chunk)
+def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = CHUNK) -> SlotEngine:
+    """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`), its programs compiled
+    by one throwaway request."""
+    slot_engine = backend.serving_engine(model, slots=slots, length=length, chunk=chunk)
     slot_engine.admit(0, [0], Sampling(), 2)
     rows = 1
     while rows < 2 * slots:  # a decode program for every power of two of busy rows
@@ -60,9 +58,10 @@ def engine(model: Any, slots: int, length: int, chunk: int = CHUNK) -> Any:
     return slot_engine
 
 
-def run(model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batch: int, max_queue: int,
-        max_len: int | None, drain: float) -> None:  # fmt: skip
-    """Serve ``model`` on ``host:port`` until interrupted; in-flight requests get ``drain`` seconds to end."""
+def run(backend: Backend, model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batch: int,
+        max_queue: int, max_len: int | None, drain: float) -> None:  # fmt: skip
+    """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
+    ``drain`` seconds to end."""
     import uvicorn
 
     from hfax.serve.app import Server, build
@@ -72,7 +71,7 @@ def run(model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batc
     length = context_length(model, max_len)
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    scheduler = Scheduler(engine(model, max_batch, length), eos, max_queue)
+    scheduler = Scheduler(engine(backend, model, max_batch, length), eos, max_queue)
     server = Server(scheduler, tokenizer, name, length)
     config = uvicorn.Config(
         build(server), host=host, port=port, timeout_graceful_shutdown=drain, log_level="info"

@@ -1,10 +1,10 @@
 """Continuous batching: requests wait in a bounded queue, take a free row of the engine, leave when done.
 
-One worker thread owns the engine (:class:`SlotEngine`, e.g. :class:`hfax.backends.jax.slots.SlotEngine`)
-and loops: release rows whose request finished or was cancelled, prefill waiting requests into free rows
-(first in, first out), move the last busy rows down into free rows below them, run one decode chunk over
-the leading rows that hold every request, hand each request its new tokens. Requests
-reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
+One worker thread owns the engine (a :class:`hfax.generation.slots.SlotEngine`, which the backend's
+:meth:`hfax.Backend.serving_engine` builds) and loops: release rows whose request finished or was
+cancelled, prefill waiting requests into free rows (first in, first out), move the last busy rows down into
+free rows below them, run one decode chunk over the leading rows that hold every request, hand each request
+its new tokens. Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
 :class:`Sequence`'s ``deliver`` callback, called on the worker thread.
 
 The cache columns a request will use are known when it is admitted (its prompt's bucket before the
@@ -19,63 +19,14 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
 from hfax.generation.rows import Sampling
+from hfax.generation.slots import SlotEngine
 
 log = logging.getLogger("hfax.serve")
-
-
-@dataclasses.dataclass
-class Chunk:
-    """What one decode chunk produced (host arrays): per row, ``count`` new tokens in ``tokens[:, :count]``
-    with their ``logprobs`` and ``top_ids``/``top_logprobs``, and whether the row has ``finished`` (an EOS
-    token or its limit)."""
-
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    top_ids: np.ndarray
-    top_logprobs: np.ndarray
-    count: np.ndarray
-    finished: np.ndarray
-
-
-class SlotEngine(Protocol):
-    """What a backend gives the scheduler: a fixed number of rows decoded together."""
-
-    slots: int
-    length: int
-    chunk: int
-    clock: int
-
-    def bucket(self, length: int) -> int:
-        """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
-
-    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
-        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
-
-    def decode(self, steps: int, rows: int) -> None:
-        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
-
-    def read(self) -> Chunk:
-        """The last chunk's tokens per row; waits for the device."""
-
-    def release(self, free: np.ndarray) -> None:
-        """Mark rows finished so that no decode step waits for them."""
-
-    def shift(self, delta: int) -> None:
-        """Move every row's columns (and the clock) by ``delta``."""
-
-    def move(self, source: int, target: int) -> None:
-        """Move the request in row ``source`` into the free row ``target``; ``source`` is free after it."""
-
-    def restart(self, clock: int) -> None:
-        """Put the clock at ``clock`` while every row is free: nothing is copied."""
-
-    def counters(self) -> tuple[int, float]:
-        """Programs compiled and seconds spent compiling so far in this process."""
 
 
 @dataclasses.dataclass

@@ -1,0 +1,68 @@
+"""What a continuous-batching engine is: a fixed number of rows decoded together, which requests join and
+leave between decode chunks.
+
+A backend that serves implements :class:`SlotEngine` (the JAX backend's is
+:class:`hfax.backends.jax.slots.SlotEngine`) and hands it out through
+:meth:`hfax.registry.Backend.serving_engine`; the scheduler of ``hfax serve`` (distribution hfax-serve)
+drives it. The contract lives here, backend-neutral, so that a backend implements it without depending on
+the server and the server drives it without naming a backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+from hfax.generation.rows import Sampling
+
+
+@dataclasses.dataclass
+class Chunk:
+    """What one decode chunk produced (host arrays): per row, ``count`` new tokens in ``tokens[:, :count]``
+    with their ``logprobs`` and ``top_ids``/``top_logprobs``, and whether the row has ``finished`` (an EOS
+    token or its limit)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    count: np.ndarray
+    finished: np.ndarray
+
+
+class SlotEngine(Protocol):
+    """What a backend gives the scheduler: a fixed number of rows decoded together."""
+
+    slots: int
+    length: int
+    chunk: int
+    clock: int
+
+    def bucket(self, length: int) -> int:
+        """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
+
+    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
+        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
+
+    def decode(self, steps: int, rows: int) -> None:
+        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
+
+    def read(self) -> Chunk:
+        """The last chunk's tokens per row; waits for the device."""
+
+    def release(self, free: np.ndarray) -> None:
+        """Mark rows finished so that no decode step waits for them."""
+
+    def shift(self, delta: int) -> None:
+        """Move every row's columns (and the clock) by ``delta``."""
+
+    def move(self, source: int, target: int) -> None:
+        """Move the request in row ``source`` into the free row ``target``; ``source`` is free after it."""
+
+    def restart(self, clock: int) -> None:
+        """Put the clock at ``clock`` while every row is free: nothing is copied."""
+
+    def counters(self) -> tuple[int, float]:
+        """Programs compiled and seconds spent compiling so far in this process."""

@@ -1,0 +1,74 @@
+"""``hfax serve``: its options, checked before anything loads, then :func:`hfax.serve.run`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from hfax.cli import (
+    BackendOption,
+    DtypeOption,
+    MeshOption,
+    ModelOption,
+    UserError,
+    check_options,
+    load_model,
+    user_errors,
+)
+
+
+def register(cli: typer.Typer) -> None:
+    """Add ``hfax serve`` to ``cli``."""
+    cli.command("serve")(serve_command)
+
+
+@user_errors
+def serve_command(
+    model: Optional[str] = ModelOption,
+    backend: str = BackendOption,
+    mesh: Optional[str] = MeshOption,
+    dtype: Optional[str] = DtypeOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    max_batch: int = typer.Option(
+        8, "--max-batch", help="Requests decoded together (rows of the decode program)."
+    ),
+    max_queue: int = typer.Option(
+        64, "--max-queue", help="Requests that may wait for a row; more are answered 429."
+    ),
+    max_len: Optional[int] = typer.Option(
+        None,
+        "--max-len",
+        help="Prompt plus new tokens per request (default: the model's, up to 1024).",
+    ),
+    served_name: Optional[str] = typer.Option(
+        None, "--served-model-name", help="The model name clients send (default: --model as given)."
+    ),
+    drain: float = typer.Option(
+        30.0, "--drain", help="Seconds in-flight requests get to finish on shutdown."
+    ),
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
+    if max_batch < 1 or max_queue < 0:
+        raise UserError("--max-batch must be at least 1 and --max-queue at least 0")
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port}: choose a port from 1 to 65535")
+    check_options(model, mesh, dtype, backend)
+    from hfax import get_backend, serve
+    from hfax.demo import default_model
+
+    engine = get_backend(backend)
+    if not engine.serves():
+        raise UserError(
+            f"-b {backend}: the {backend} backend has no continuous-batching engine, so hfax serve cannot "
+            "run on it; serve with a backend that has one (-b jax)"
+        )
+    tokenizer, loaded = load_model(model, backend, mesh, dtype)
+    try:
+        serve.run(
+            engine, loaded, tokenizer, served_name or model or default_model(), host=host,
+            port=port, max_batch=max_batch, max_queue=max_queue, max_len=max_len, drain=drain,
+        )  # fmt: skip
+    except NotImplementedError as error:
+        raise UserError(str(error)) from None

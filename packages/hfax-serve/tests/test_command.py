@@ -1,0 +1,120 @@
+"""``hfax serve`` as hfax-serve's plugin adds it: listed by ``hfax --help``, refused on a backend without a
+continuous-batching engine before anything loads, and driving the engine the backend declares
+(:meth:`hfax.Backend.serving_engine`). The server itself is tested with the official openai client in the
+repository's tests/test_serve.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import hfax
+from hfax import serve
+from hfax.cli import app
+from hfax.plugins import plugin_infos, reset_plugins
+from hfax.testing import installed_distribution
+
+NO_ENGINE_BACKEND = """
+import hfax
+
+class NoEngine(hfax.Backend):
+    name = "noengine"
+
+    def devices(self):
+        return ["noengine:0"]
+
+    def build(self, model, *, params, family, plan, mesh):
+        raise AssertionError("hfax serve loaded a model on a backend that cannot serve it")
+
+@hfax.hookimpl
+def hfax_backends():
+    return [hfax.BackendSpec("noengine", "noengine_backend:NoEngine")]
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_plugins():
+    reset_plugins()
+    yield
+    reset_plugins()
+
+
+def test_serve_comes_from_the_hfax_serve_plugin():
+    infos = {info.name: info for info in plugin_infos()}
+    assert infos["serve"].distribution == "hfax-serve" and infos["serve"].status == "loaded"
+    result = CliRunner().invoke(app, ["--help"])
+    assert (
+        result.exit_code == 0 and "serve" in result.output and "OpenAI-compatible" in result.output
+    )
+
+
+def test_serve_on_a_backend_without_an_engine_fails_before_loading_anything(tmp_path):
+    # The model folder is empty: had hfax serve started loading, the error would be about config.json.
+    model = tmp_path / "model"
+    model.mkdir()
+    modules = {"noengine_backend": NO_ENGINE_BACKEND}
+    with installed_distribution(
+        tmp_path / "dist", "hfax-noengine", {"noengine": "noengine_backend"}, modules
+    ):
+        result = CliRunner().invoke(app, ["serve", "-b", "noengine", "-m", str(model)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "hfax: error: -b noengine: the noengine backend has no continuous-batching engine, so hfax serve "
+        "cannot run on it; serve with a backend that has one (-b jax)"
+    )
+
+
+class RecordingEngine:
+    """Records what the warm-up asks of it; a chunk finishes every row at once."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.calls = slots, []
+
+    def admit(self, row, ids, sampling, max_new):
+        self.calls.append(("admit", row))
+
+    def decode(self, steps, rows):
+        self.calls.append(("decode", rows))
+
+    def read(self):
+        self.calls.append(("read",))
+
+    def move(self, source, target):
+        self.calls.append(("move", source, target))
+
+    def release(self, free):
+        self.calls.append(("release", bool(np.all(free))))
+
+    def shift(self, delta):
+        self.calls.append(("shift", delta))
+
+    def restart(self, clock):
+        self.calls.append(("restart", clock))
+
+
+class Serving(hfax.Backend):
+    name = "serving"
+
+    def devices(self):
+        return []
+
+    def build(self, model, *, params, family, plan, mesh):
+        return model
+
+    def serves(self):
+        return True
+
+    def serving_engine(self, model, *, slots, length, chunk):
+        self.asked = (model, slots, length, chunk)
+        return RecordingEngine(slots)
+
+
+def test_the_server_warms_up_the_engine_its_backend_declares():
+    backend, model = Serving(), object()
+    engine = serve.engine(backend, model, slots=4, length=64)
+    assert backend.asked == (model, 4, 64, serve.CHUNK)
+    # A decode program for 1, 2 and 4 busy rows, then every row free and the clock back at 0.
+    decodes = [call[1] for call in engine.calls if call[0] == "decode"]
+    assert decodes == [1, 2, 4]
+    assert engine.calls[-3:] == [("release", True), ("shift", 0), ("restart", 0)]
