@@ -32,7 +32,7 @@ RUN_META = {
     "backends": ["jax"],
     "unavailable": {},
 }
-SAMPLE = int(os.environ.get("HFAX_COVERAGE_SAMPLE", "8"))
+SAMPLE = int(os.environ.get("HFAX_COVERAGE_SAMPLE", "6"))
 
 
 def _passing(kind: str, check: str = "jax.generate") -> list[str]:
