@@ -682,9 +682,10 @@ def oldest_declared_transformers() -> str:
 
 #: What the ``transformers_oldest`` and ``transformers_newest`` sessions run against their release: the
 #: parity suite, the generate-features suite, the family tests, the cache found by its type, one multimodal
-#: model (LLaVA), the seq2seq models (T5, BART, and the LED, FSMT and BERT decoders whose layers hfax
-#: replaces), and a serve smoke test, on the JAX backend, in one pytest run. (Paths relative to the
-#: repository.)
+#: model (LLaVA), the seq2seq models whose decoder layers hfax replaces and so calls by the release's argument
+#: names (LED, FSMT, BERT as a decoder), and a serve smoke test, on the JAX backend, in one pytest run.
+#: (Paths relative to the repository.)
+_SEQ2SEQ = "packages/hfax-jax/tests/test_generate_seq2seq.py::test_greedy_matches_transformers"
 TRANSFORMERS_SLICE = (
     "tests/test_parity.py",
     "tests/test_generate_features.py",
@@ -693,8 +694,7 @@ TRANSFORMERS_SLICE = (
     "packages/hfax-patches-llama/tests",
     "packages/hfax-patches-gemma/tests",
     "packages/hfax-jax/tests/test_generate_multimodal.py::test_greedy_matches_transformers[llava]",
-    "packages/hfax-jax/tests/test_generate_seq2seq.py::test_greedy_matches_transformers",
-    "tests/test_serve.py::test_completion_greedy_equals_transformers",
+    *(f"{_SEQ2SEQ}[{model}]" for model in ("led", "fsmt", "bert2bert")),
     "tests/test_serve.py::test_chat_equals_transformers_streamed_and_not",
 )
 
