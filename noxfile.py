@@ -371,13 +371,11 @@ def run_processes(
     process compiles a bounded number of programs (TORCHXLA_FEATURE_GROUPS). Whole processes side by side
     keep each run as it is alone and the cores busy."""
     bin_dir = str(session.bin)
-    environment = {
-        **os.environ,
-        **session.env,
-        **env,
-        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-        "VIRTUAL_ENV": str(session.virtualenv.location),
-    }
+    # As session.run builds it: the session's env (where None unsets a variable), the venv's bin first.
+    environment = {**os.environ, **session.env, **env}
+    environment = {name: value for name, value in environment.items() if value is not None}
+    environment["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    environment["VIRTUAL_ENV"] = str(session.virtualenv.location)
     logs = Path(session.create_tmp()) / "runs"
     logs.mkdir(exist_ok=True)
 
