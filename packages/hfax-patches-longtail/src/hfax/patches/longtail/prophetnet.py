@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from hfax.patches.longtail.family import LongTailFamily
 from hfax.signatures import cache_keyword
 
 # hfax-core installs without torch (transformers' caches import it); no model runs there to need them.
@@ -232,3 +233,6 @@ DECODE = {
     "ProphetNetPositionalEmbeddings": ("forward", positional_forward),
     "ProphetNetNgramSelfAttention": ("forward", ngram_attention_forward),
 }
+
+#: The family's hooks (entry point ``prophetnet``).
+plugin = LongTailFamily("prophetnet", ("prophetnet",), DECODE)
