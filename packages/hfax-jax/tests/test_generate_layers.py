@@ -164,13 +164,13 @@ def test_model_computing_with_the_cache_length(tmp_path, name):
 def test_model_positioned_by_the_cache_length_and_masking_no_key(tmp_path):
     # ProphetNet's decoder takes a decode step's position from the cache length with int() (which fails to
     # trace), its relative-position buckets from the keys' indices, and masks no key; its first n-gram
-    # stream gives the logits. hfax.prophetnet gives it transformers' positions, buckets and masks.
+    # stream gives the logits. hfax.patches.longtail.prophetnet gives it transformers' positions, buckets and masks.
     assert_generates_like_transformers(prophetnet_config(), tmp_path)
 
 
 def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):
     # Qwen4-Exp's indexer lists each query's visible keys with nonzero (no static shape) and its cache keeps
-    # the keys' positions, read from their end: hfax.sparse_attention chooses the same keys for all queries
+    # the keys' positions, read from their end: hfax.patches.longtail.qwen4_exp chooses the same keys for all queries
     # at once, and the model decodes without a cache (each step re-reads the sequence).
     config = transformers.Qwen4ExpTextConfig(
         vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
@@ -281,7 +281,7 @@ LOOPING_OVER_EXPERTS = {
 @pytest.mark.parametrize("name", sorted(LOOPING_OVER_EXPERTS))
 def test_experts_looping_over_the_batch(tmp_path, name):
     # transformers loops in Python over the experts a batch hits (a data-dependent count, which no traced
-    # program has); hfax-core runs every expert on every token instead: the same tokens.
+    # program has); their family plugins (hfax.patches.longtail) run every expert on every token instead: the same tokens.
     assert_generates_like_transformers(LOOPING_OVER_EXPERTS[name](), tmp_path)
 
 
