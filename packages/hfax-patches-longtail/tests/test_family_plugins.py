@@ -103,8 +103,12 @@ def test_blocking_one_family_drops_exactly_its_patches(fresh_plugins, blocked):
     plugins.reset_plugins()
     prophetnet = patched(prophetnet_config())
     expected = blocked is None
-    for name in ("ProphetNetDecoder", "ProphetNetPositionalEmbeddings", "ProphetNetNgramSelfAttention"):
-        assert bound(prophetnet, name) is expected, name
+    for name in (
+        "ProphetNetDecoder",
+        "ProphetNetPositionalEmbeddings",
+        "ProphetNetNgramSelfAttention",
+    ):
+        assert bound(prophetnet, name) is expected, name  # fmt: skip
     assert bound(patched(reformer_config()), "AxialPositionEmbeddings")
     # A BERT decoder inside an encoder-decoder model: patched by the family of its sub-config.
     bert2bert = patched(bert2bert_config(0), "AutoModelForSeq2SeqLM")
@@ -118,7 +122,9 @@ def test_hfax_core_names_no_long_tail_model_type():
     types = sorted({t for spec in longtail_families().values() for t in spec.model_types})
     assert "prophetnet" in types
     # a model type between non-alphanumerics: "bart", transformers.models.bart, bart_classifier
-    pattern = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, types)) + r")(?![A-Za-z0-9])")
+    pattern = re.compile(
+        r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, types)) + r")(?![A-Za-z0-9])"
+    )
     core = Path(hfax.__file__).parent
     found = [
         f"{path.relative_to(core.parent)}:{number}: {line.strip()}"
