@@ -108,7 +108,7 @@ def test_blocking_one_family_drops_exactly_its_patches(fresh_plugins, blocked):
         "ProphetNetPositionalEmbeddings",
         "ProphetNetNgramSelfAttention",
     ):
-        assert bound(prophetnet, name) is expected, name  # fmt: skip
+        assert bound(prophetnet, name) is expected, name
     assert bound(patched(reformer_config()), "AxialPositionEmbeddings")
     # A BERT decoder inside an encoder-decoder model: patched by the family of its sub-config.
     bert2bert = patched(bert2bert_config(0), "AutoModelForSeq2SeqLM")
