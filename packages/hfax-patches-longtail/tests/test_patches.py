@@ -107,8 +107,8 @@ def test_language_adapters_chosen_per_row():
 def test_switch_transformers_experts_and_router():
     model = tiny(switch_config(0), "AutoModelForSeq2SeqLM")
     decoder = np.array([[0, 5, 9, 13], [0, 8, 21, 30]])
-    assert_patch_keeps(model, "switch_transformers", input_ids=IDS, attention_mask=MASK,
-                       decoder_input_ids=decoder)  # fmt: skip
+    inputs = dict(input_ids=IDS, attention_mask=MASK, decoder_input_ids=decoder)
+    assert_patch_keeps(model, "switch_transformers", **inputs)
 
 
 def test_prophetnet_positions_and_streams_over_its_padding_mask():
@@ -133,8 +133,8 @@ def test_static_lookups_give_transformers_logits(tmp_path, family, batch, auto):
 def test_led_encoder_gives_transformers_logits():
     model = tiny(led_config(0), "AutoModelForSeq2SeqLM")
     ids, mask = left_padded([list(range(5, 22)), list(range(30, 41))])
-    assert_patch_keeps(model, "led", input_ids=ids, attention_mask=mask,
-                       decoder_input_ids=np.array([[2, 5, 9], [2, 8, 21]]))  # fmt: skip
+    decoder = np.array([[2, 5, 9], [2, 8, 21]])
+    assert_patch_keeps(model, "led", input_ids=ids, attention_mask=mask, decoder_input_ids=decoder)
 
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
