@@ -18,6 +18,7 @@ from hfax.testing import (
     led_config,
     left_padded,
     longformer_batch,
+    looping_config,
     prophetnet_config,
     reference_forward,
     reformer_batch,
@@ -53,55 +54,26 @@ def assert_patch_keeps(model, family, **inputs):
 
 IDS, MASK = left_padded([[5, 9, 13, 2, 44, 7, 11], [3, 8, 21, 30]])
 
-LOOPING_OVER_EXPERTS = {
-    "dbrx": lambda: transformers.DbrxConfig(
-        vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
-        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
-        ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
-    ),
-    "longcat_flash": lambda: transformers.LongcatFlashConfig(
-        vocab_size=64, hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
-        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
-        max_position_embeddings=64,
-    ),
-    "jetmoe": lambda: transformers.JetMoeConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
-        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
-    ),
-    "qwen4_exp": lambda: transformers.Qwen4ExpTextConfig(
-        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-        max_position_embeddings=64, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, ple_embed_dim=64,
-        layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=4, indexer_kv_heads=1,
-        indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-    ),
-}  # fmt: skip
 
-
-@pytest.mark.parametrize("family", sorted(LOOPING_OVER_EXPERTS))
+@pytest.mark.parametrize("family", ["dbrx", "jetmoe", "longcat_flash", "qwen4_exp"])
 def test_static_loops_give_transformers_logits(family):
     # Experts (and Qwen4-Exp's indexer) chosen per batch by a Python loop, replaced by static code.
-    model = tiny(LOOPING_OVER_EXPERTS[family]())
+    model = tiny(looping_config(family))
     assert_patch_keeps(model, family, input_ids=IDS, attention_mask=MASK)
 
 
 def test_qwen4_exp_decodes_without_a_cache():
     from hfax.generation.shapes import no_static_cache
 
-    model = patch(tiny(LOOPING_OVER_EXPERTS["qwen4_exp"]()), "qwen4_exp")
+    model = patch(tiny(looping_config("qwen4_exp")), "qwen4_exp")
     assert "its indexer keeps its keys' positions" in no_static_cache(model, 16)
     unpatch(model)
     assert no_static_cache(model, 16) == ""
 
 
 def test_language_adapters_chosen_per_row():
-    config = transformers.XmodConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        is_decoder=True, languages=["en_XX", "de_DE", "fr_XX"], default_language="de_DE",
-    )  # fmt: skip
-    assert_patch_keeps(tiny(config), "xmod", input_ids=IDS[:, :5], lang_ids=np.array([2, 0]))
+    inputs = dict(input_ids=IDS[:, :5], lang_ids=np.array([2, 0]))
+    assert_patch_keeps(tiny(looping_config("xmod")), "xmod", **inputs)
 
 
 def test_switch_transformers_experts_and_router():
