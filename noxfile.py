@@ -531,7 +531,7 @@ ALONE_CHECKS = {
     "hfax-patches-llama": PLUGIN_ALONE_CHECK.format(module="hfax.patches.llama", name="llama"),
     "hfax-patches-gemma": PLUGIN_ALONE_CHECK.format(module="hfax.patches.gemma", name="gemma"),
     "hfax-patches-longtail": PLUGIN_ALONE_CHECK.format(
-        module="hfax.patches.longtail.prophetnet", name="prophetnet"
+        module="hfax.patches.longtail.families", name="prophetnet"
     ),
 }
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from hfax.patches.longtail import families
 from hfax.patching import Patcher, unpatch
 from hfax.testing import (
     bert2bert_config,
@@ -31,9 +32,7 @@ from hfax.validation import CHECK_IDS
 def patch(model, family):
     """``model`` patched by the long-tail family ``family`` alone; fails when nothing was patched."""
     patcher = Patcher(model)
-    importlib.import_module(f"hfax.patches.longtail.{family}").plugin.hfax_patch_model(
-        model=model, patcher=patcher
-    )
+    getattr(families, family).hfax_patch_model(model=model, patcher=patcher)
     assert patcher.patched, f"the {family} family patched nothing"
     return model
 
@@ -123,22 +122,19 @@ def module_of(modeling, name, *args):
     return getattr(importlib.import_module(f"transformers.models.{modeling}"), name)(*args)
 
 
-#: family -> (its module's table, the embedding, how it is called with a count).
+#: family -> (the embedding, how it is called with a count).
 COUNTED = {
-    "mvp": ("STATIC", lambda: module_of("mvp.modeling_mvp", "MvpLearnedPositionalEmbedding", 64, 16),
+    "mvp": (lambda: module_of("mvp.modeling_mvp", "MvpLearnedPositionalEmbedding", 64, 16),
             lambda module, ids, count: module(ids, count)),
-    "trocr": ("POSITIONS",
-              lambda: module_of("trocr.modeling_trocr", "TrOCRLearnedPositionalEmbedding", 64, 16),
+    "trocr": (lambda: module_of("trocr.modeling_trocr", "TrOCRLearnedPositionalEmbedding", 64, 16),
               lambda module, ids, count: module(ids, count)),
-    "roformer": ("POSITIONS",
-                 lambda: module_of("roformer.modeling_roformer", "RoFormerSinusoidalPositionalEmbedding", 64, 16),
+    "roformer": (lambda: module_of("roformer.modeling_roformer", "RoFormerSinusoidalPositionalEmbedding", 64, 16),
                  lambda module, ids, count: module(ids.shape, count)),
-    "led": ("STATIC", lambda: module_of("led.modeling_led", "LEDLearnedPositionalEmbedding", 64, 16),
+    "led": (lambda: module_of("led.modeling_led", "LEDLearnedPositionalEmbedding", 64, 16),
             lambda module, ids, count: module(ids.shape, count)),
-    "fsmt": ("MASKS", lambda: module_of("fsmt.modeling_fsmt", "SinusoidalPositionalEmbedding", 64, 16, 1),
+    "fsmt": (lambda: module_of("fsmt.modeling_fsmt", "SinusoidalPositionalEmbedding", 64, 16, 1),
              lambda module, ids, count: module(ids, cache_length=count)),
-    "bert": ("EMBEDDINGS",
-             lambda: module_of("bert.modeling_bert", "BertEmbeddings", transformers.BertConfig(
+    "bert": (lambda: module_of("bert.modeling_bert", "BertEmbeddings", transformers.BertConfig(
                  vocab_size=64, hidden_size=16, max_position_embeddings=64)),
              lambda module, ids, count: module(ids, None, None, None, count)),
 }  # fmt: skip
@@ -147,14 +143,13 @@ COUNTED = {
 @pytest.mark.parametrize("family", sorted(COUNTED))
 def test_positions_counted_from_a_tensor_count(family):
     # hfax's static cache counts its tokens with a tensor; transformers' positions take a Python count.
-    table, build, call = COUNTED[family]
+    build, call = COUNTED[family]
     torch.manual_seed(0)
     module = build().eval()
     ids = torch.tensor([[5, 9, 13], [3, 8, 21]])
     expected = call(module, ids, 3)
-    Patcher(module).bind_by_class(
-        module, getattr(importlib.import_module(f"hfax.patches.longtail.{family}"), table)
-    )
+    patches = importlib.import_module(f"hfax.patches.longtail.{family}").PATCHES
+    Patcher(module).bind_by_class(module, patches)
     assert "forward" in vars(module), f"the {family} family does not patch {type(module).__name__}"
     torch.testing.assert_close(call(module, ids, torch.tensor(3)), expected)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from hfax.patches.longtail.cache_positions import count_of
-from hfax.patches.longtail.family import LongTailFamily
 
 
 def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None,
@@ -32,7 +31,4 @@ def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None
 
 
 #: BERT's embeddings: class name -> (method, its replacement).
-EMBEDDINGS = {"BertEmbeddings": ("forward", bert_embeddings)}
-
-#: The family's hooks (entry point ``bert``).
-plugin = LongTailFamily("bert", ("bert",), EMBEDDINGS)
+PATCHES = {"BertEmbeddings": ("forward", bert_embeddings)}

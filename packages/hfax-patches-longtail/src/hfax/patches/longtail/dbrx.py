@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from hfax.experts import weighted
-from hfax.patches.longtail.family import LongTailFamily
 
 
 def dbrx_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
@@ -28,7 +27,4 @@ def dbrx_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights:
 
 
 #: DBRX's experts: class name -> (method, its replacement).
-EXPERTS = {"DbrxExperts": ("forward", dbrx_experts)}
-
-#: The family's hooks (entry point ``dbrx``).
-plugin = LongTailFamily("dbrx", ("dbrx",), EXPERTS)
+PATCHES = {"DbrxExperts": ("forward", dbrx_experts)}

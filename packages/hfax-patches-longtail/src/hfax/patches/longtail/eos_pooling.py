@@ -10,7 +10,7 @@ before anything compiles (:func:`check_eos_counts`, bound as the model's
 
 The families' modules (:mod:`~hfax.patches.longtail.bart`, :mod:`~hfax.patches.longtail.t5`,
 :mod:`~hfax.patches.longtail.mvp`) name their classifiers; :func:`classifiers` and :func:`bind_check` are
-what they bind.
+what they bind (``PATCHES``, ``patch_model``).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def classifiers(names: tuple[str, ...]) -> dict[str, tuple[str, Any]]:
 
 
 def bind_check(names: tuple[str, ...]) -> Any:
-    """A family's ``patch``: a ``model`` of one of the classifiers ``names`` checks its ids'
-    ``<eos>`` counts on the host (:func:`check_eos_counts` as its :data:`hfax.validation.CHECK_IDS`)."""
+    """A family module's ``patch_model``: a ``model`` of one of the classifiers ``names`` checks its
+    ids' ``<eos>`` counts on the host (:func:`check_eos_counts` as its :data:`hfax.validation.CHECK_IDS`)."""
 
     def patch(model: Any, patcher: Any) -> None:
         if type(model).__name__ in names:

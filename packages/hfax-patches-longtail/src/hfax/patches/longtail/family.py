@@ -1,8 +1,10 @@
 """What every long-tail family plugin is: a :class:`LongTailFamily`, its hook implementations.
 
-Each family module builds one (``plugin = LongTailFamily(...)``) and its distribution names that object
-as the family's entry point, so each family is its own plugin: listed by ``hfax plugins``, blocked by
-``HFAX_BLOCK_PLUGINS=<name>``, with the transformers versions it was tested on.
+:mod:`hfax.patches.longtail.families` names one per family, and the distribution names each as an entry
+point, so each family is its own plugin: listed by ``hfax plugins``, blocked by
+``HFAX_BLOCK_PLUGINS=<name>``, with the transformers versions it was tested on. Its code is the module of
+its name, imported only when a model of the family is patched: listing or loading plugins imports
+neither torch nor transformers' models.
 
 A long-tail family claims a model with a priority below a dedicated family plugin's (``hfax.Claim``
 priority 0, what a plain family name means), so a plugin written for one of these architectures outranks
@@ -13,7 +15,8 @@ an ``EncoderDecoderModel``), whichever family claims the whole.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import Any
 
 from hfax import Claim, FamilySpec, hookimpl
 
@@ -23,9 +26,6 @@ TRANSFORMERS = ">=5.23,<5.25"
 
 #: The priority of a long-tail family's claim: below a dedicated family's.
 PRIORITY = -1
-
-#: ``{class name: (method, its replacement)}``, as :meth:`hfax.patching.Patcher.bind_by_class` takes it.
-Table = dict[str, tuple[str, Callable[..., Any]]]
 
 
 def model_types(config: Any) -> set[str]:
@@ -48,18 +48,13 @@ def model_types(config: Any) -> set[str]:
 
 
 class LongTailFamily:
-    """One family's hooks: ``name`` claims ``types`` (the top-level ``model_type``) and binds ``table``
-    on every model that holds one of them, on every backend. ``patch`` (optional) makes the family's other
-    changes on such a model, through the same patcher."""
+    """One family's hooks: ``name`` claims ``types`` (the top-level ``model_type``), and on every model
+    that holds one of them, on every backend, binds the ``PATCHES`` of module
+    ``hfax.patches.longtail.<name>`` (``{class name: (method, replacement)}``) and calls its
+    ``patch_model(model, patcher)`` where it has one."""
 
-    def __init__(
-        self,
-        name: str,
-        types: tuple[str, ...],
-        table: Table,
-        patch: Callable[[Any, Any], None] | None = None,
-    ) -> None:
-        self.name, self.types, self.table, self.patch = name, types, table, patch
+    def __init__(self, name: str, types: tuple[str, ...]) -> None:
+        self.name, self.types = name, types
 
     @hookimpl
     def hfax_families(self) -> list[FamilySpec]:
@@ -76,6 +71,8 @@ class LongTailFamily:
         config = getattr(model, "config", None)
         if config is None or not model_types(config) & set(self.types):
             return
-        patcher.bind_by_class(model, self.table)
-        if self.patch is not None:
-            self.patch(model, patcher)
+        module = importlib.import_module(f"hfax.patches.longtail.{self.name}")
+        patcher.bind_by_class(model, module.PATCHES)
+        patch_model = getattr(module, "patch_model", None)
+        if patch_model is not None:
+            patch_model(model, patcher)

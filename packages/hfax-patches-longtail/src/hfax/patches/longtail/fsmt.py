@@ -22,7 +22,6 @@ from typing import Any
 
 from hfax.patches.longtail import step_masks
 from hfax.patches.longtail.cache_positions import count_of
-from hfax.patches.longtail.family import LongTailFamily
 from hfax.signatures import cache_keyword
 
 
@@ -87,11 +86,8 @@ def fsmt_positions(self: Any, input: Any, **named: Any) -> Any:
 
 #: FSMT's model, decoder and positions (FSMT's ``SinusoidalPositionalEmbedding``, the only class of that
 #: name in transformers): class name -> (method, its replacement).
-MASKS = {
+PATCHES = {
     "FSMTModel": ("forward", model_forward),
     "FSMTDecoder": ("forward", decoder_forward),
     "SinusoidalPositionalEmbedding": ("forward", fsmt_positions),
 }
-
-#: The family's hooks (entry point ``fsmt``).
-plugin = LongTailFamily("fsmt", ("fsmt",), MASKS)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def jetmoe_gating(self: Any, hidden_states: Any) -> Any:
     """``JetMoeTopKGating.forward``, its tokens per expert kept as a tensor: transformers turns them into
@@ -44,10 +42,7 @@ def jetmoe_parallel_experts(self: Any, inputs: Any, expert_size: Any) -> Any:
 
 
 #: JetMoE's gating and experts: class name -> (method, its replacement).
-EXPERTS = {
+PATCHES = {
     "JetMoeTopKGating": ("forward", jetmoe_gating),
     "JetMoeParallelExperts": ("forward", jetmoe_parallel_experts),
 }
-
-#: The family's hooks (entry point ``jetmoe``).
-plugin = LongTailFamily("jetmoe", ("jetmoe",), EXPERTS)

@@ -14,7 +14,6 @@ from typing import Any
 
 from hfax.patches.longtail import step_masks
 from hfax.patches.longtail.cache_positions import counted_positions
-from hfax.patches.longtail.family import LongTailFamily
 from hfax.patches.longtail.longformer import run_layers, self_attention
 from hfax.signatures import cache_keyword
 
@@ -101,13 +100,10 @@ def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any 
 
 
 #: LED's encoder, positions and decoder: class name -> (method, its replacement).
-STATIC = {
+PATCHES = {
     "LEDEncoderSelfAttention": ("forward", self_attention),
     "LEDEncoder": ("forward", led_encoder_forward),
     "LEDLearnedPositionalEmbedding": ("forward", counted_positions),
     "LEDDecoder": ("forward", decoder_forward),
     "LEDDecoderAttention": ("forward", self_attention_forward),
 }
-
-#: The family's hooks (entry point ``led``).
-plugin = LongTailFamily("led", ("led",), STATIC)

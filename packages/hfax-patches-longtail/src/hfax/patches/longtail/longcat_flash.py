@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from hfax.experts import weighted
-from hfax.patches.longtail.family import LongTailFamily
 
 
 def longcat_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
@@ -28,7 +27,4 @@ def longcat_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weigh
 
 
 #: LongCat-Flash's experts: class name -> (method, its replacement).
-EXPERTS = {"LongcatFlashExperts": ("forward", longcat_experts)}
-
-#: The family's hooks (entry point ``longcat_flash``).
-plugin = LongTailFamily("longcat_flash", ("longcat_flash",), EXPERTS)
+PATCHES = {"LongcatFlashExperts": ("forward", longcat_experts)}

@@ -24,8 +24,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def self_attention(self: Any, hidden_states: Any, attention_mask: Any = None,
                    is_index_masked: Any = None, is_index_global_attn: Any = None,
@@ -115,10 +113,7 @@ def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, p
 
 
 #: transformers' Longformer classes whose methods need concrete values, and their static replacements.
-STATIC = {
+PATCHES = {
     "LongformerSelfAttention": ("forward", self_attention),
     "LongformerEncoder": ("forward", encoder_forward),
 }
-
-#: The family's hooks (entry point ``longformer``).
-plugin = LongTailFamily("longformer", ("longformer",), STATIC)

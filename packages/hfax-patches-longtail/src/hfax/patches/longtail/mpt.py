@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
 from hfax.signatures import cache_keyword
 
 
@@ -39,7 +38,4 @@ def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, **kwargs: A
 
 
 #: MPT's attention: class name -> (method, its replacement).
-ATTENTION = {"MptAttention": ("forward", mpt_attention)}
-
-#: The family's hooks (entry point ``mpt``).
-plugin = LongTailFamily("mpt", ("mpt",), ATTENTION)
+PATCHES = {"MptAttention": ("forward", mpt_attention)}

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from hfax.patches.longtail import eos_pooling
 from hfax.patches.longtail.cache_positions import counted_positions
-from hfax.patches.longtail.family import LongTailFamily
 
 #: MVP's sequence classifier, by class name.
 CLASSIFIERS = ("MvpForSequenceClassification",)
 
 #: MVP's positions and classifier: class name -> (method, its replacement).
-STATIC = {
+PATCHES = {
     "MvpLearnedPositionalEmbedding": ("forward", counted_positions),
     **eos_pooling.classifiers(CLASSIFIERS),
 }
 
-#: The family's hooks (entry point ``mvp``).
-plugin = LongTailFamily("mvp", ("mvp",), STATIC, eos_pooling.bind_check(CLASSIFIERS))
+#: The family's other change: each classifier checks its ids' ``<eos>`` counts on the host.
+patch_model = eos_pooling.bind_check(CLASSIFIERS)

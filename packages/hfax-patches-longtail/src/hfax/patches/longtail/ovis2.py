@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def model_forward(self: Any, input_ids: Any = None, pixel_values: Any = None,
                   attention_mask: Any = None, position_ids: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None,
@@ -48,7 +46,4 @@ def model_forward(self: Any, input_ids: Any = None, pixel_values: Any = None,
 
 
 #: Ovis2's model, merging images without a branch on the data: class name -> (method, its replacement).
-INDICATORS = {"Ovis2Model": ("forward", model_forward)}
-
-#: The family's hooks (entry point ``ovis2``).
-plugin = LongTailFamily("ovis2", ("ovis2",), INDICATORS)
+PATCHES = {"Ovis2Model": ("forward", model_forward)}

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
 from hfax.signatures import cache_keyword
 
 # hfax-core installs without torch (transformers' caches import it); no model runs there to need them.
@@ -228,11 +227,8 @@ def ngram_attention_forward(self: Any, hidden_states: Any,
 
 
 #: class name -> (method, its replacement)
-DECODE = {
+PATCHES = {
     "ProphetNetDecoder": ("forward", decoder_forward),
     "ProphetNetPositionalEmbeddings": ("forward", positional_forward),
     "ProphetNetNgramSelfAttention": ("forward", ngram_attention_forward),
 }
-
-#: The family's hooks (entry point ``prophetnet``).
-plugin = LongTailFamily("prophetnet", ("prophetnet",), DECODE)

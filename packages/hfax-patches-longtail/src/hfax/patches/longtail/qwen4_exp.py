@@ -21,7 +21,6 @@ import math
 from typing import Any
 
 from hfax.generation.shapes import NO_STATIC_CACHE
-from hfax.patches.longtail.family import LongTailFamily
 
 
 def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any,
@@ -76,14 +75,11 @@ def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, at
 
 
 #: transformers' classes that choose keys in a Python loop: class name -> (method, its replacement).
-LOOPS = {"Qwen4ExpTextQSAIndexer": ("forward", qwen4_exp_blocks)}
+PATCHES = {"Qwen4ExpTextQSAIndexer": ("forward", qwen4_exp_blocks)}
 
 
-def decode_without_cache(model: Any, patcher: Any) -> None:
-    """The family's ``patch``: ``model`` decodes without a cache (see the module's docstring)."""
+def patch_model(model: Any, patcher: Any) -> None:
+    """What the family changes beside :data:`PATCHES`: ``model`` decodes without a cache (see the
+    module's docstring)."""
     reason = "its indexer keeps its keys' positions in the cache and reads the new tokens' from their end"
     patcher.setattr(model, NO_STATIC_CACHE, reason)
-
-
-#: The family's hooks (entry point ``qwen4_exp``).
-plugin = LongTailFamily("qwen4_exp", ("qwen4_exp", "qwen4_exp_text"), LOOPS, decode_without_cache)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def axial_positions(self: Any, position_ids: Any) -> Any:
     """``AxialPositionEmbeddings.forward``: ``[batch, length, dim]``, the concatenated axes' embeddings of
@@ -31,7 +29,4 @@ def axial_positions(self: Any, position_ids: Any) -> Any:
 
 
 #: Reformer's axial position embeddings: class name -> (method, its replacement).
-AXIAL = {"AxialPositionEmbeddings": ("forward", axial_positions)}
-
-#: The family's hooks (entry point ``reformer``).
-plugin = LongTailFamily("reformer", ("reformer",), AXIAL)
+PATCHES = {"AxialPositionEmbeddings": ("forward", axial_positions)}

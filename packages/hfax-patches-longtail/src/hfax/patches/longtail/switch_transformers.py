@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def switch_experts(
     self: Any, hidden_states: Any, selected_experts: Any, routing_weights: Any
@@ -46,10 +44,7 @@ def switch_router(self: Any, hidden_states: Any) -> Any:
 
 
 #: Switch Transformers' experts and router: class name -> (method, its replacement).
-EXPERTS = {
+PATCHES = {
     "SwitchTransformersExperts": ("forward", switch_experts),
     "SwitchTransformersTop1Router": ("forward", switch_router),
 }
-
-#: The family's hooks (entry point ``switch_transformers``).
-plugin = LongTailFamily("switch_transformers", ("switch_transformers",), EXPERTS)

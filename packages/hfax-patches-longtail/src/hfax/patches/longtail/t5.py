@@ -4,7 +4,6 @@ every backend (:mod:`hfax.patches.longtail.eos_pooling`)."""
 from __future__ import annotations
 
 from hfax.patches.longtail import eos_pooling
-from hfax.patches.longtail.family import LongTailFamily
 
 #: The family's sequence classifiers, by class name.
 CLASSIFIERS = (
@@ -13,10 +12,8 @@ CLASSIFIERS = (
     "UMT5ForSequenceClassification",
 )
 
-#: The family's hooks (entry point ``t5``).
-plugin = LongTailFamily(
-    "t5",
-    ("t5", "mt5", "umt5"),
-    eos_pooling.classifiers(CLASSIFIERS),
-    eos_pooling.bind_check(CLASSIFIERS),
-)
+#: The family's classifiers: class name -> (method, its replacement).
+PATCHES = eos_pooling.classifiers(CLASSIFIERS)
+
+#: The family's other change: each classifier checks its ids' ``<eos>`` counts on the host.
+patch_model = eos_pooling.bind_check(CLASSIFIERS)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfax.patches.longtail.family import LongTailFamily
-
 
 def xmod_adapters(self: Any, lang_ids: Any, hidden_states: Any) -> Any:
     """``XmodOutput.lang_adapter``: each row's language adapter (``lang_ids``: one id per row, or per
@@ -30,7 +28,4 @@ def xmod_adapters(self: Any, lang_ids: Any, hidden_states: Any) -> Any:
 
 
 #: X-MOD's output layer: class name -> (method, its replacement).
-EXPERTS = {"XmodOutput": ("lang_adapter", xmod_adapters)}
-
-#: The family's hooks (entry point ``xmod``).
-plugin = LongTailFamily("xmod", ("xmod",), EXPERTS)
+PATCHES = {"XmodOutput": ("lang_adapter", xmod_adapters)}
