@@ -39,8 +39,11 @@ def model_types(config: Any) -> set[str]:
             continue
         seen.add(id(current))
         found.add(getattr(current, "model_type", None) or "")
-        get_text_config = getattr(current, "get_text_config", None)
-        inner = [get_text_config()] if callable(get_text_config) else []
+        inner = []
+        try:
+            inner.append(current.get_text_config())
+        except (AttributeError, ValueError):  # none, or several: then sub_configs names each
+            pass
         names = [*(getattr(current, "sub_configs", None) or {}), "encoder", "decoder"]
         inner += [getattr(current, name, None) for name in names]
         pending += [item for item in inner if hasattr(item, "model_type")]
