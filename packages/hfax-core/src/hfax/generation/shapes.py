@@ -171,8 +171,9 @@ def no_static_cache(module: Any, length: int) -> str:
     model_type = getattr(config, "model_type", "")
     if model_type in MODULE_STATE:
         return f"its recurrent layers keep their state ({MODULE_STATE[model_type]}) in module attributes"
-    if getattr(module, NO_STATIC_CACHE, ""):
-        return getattr(module, NO_STATIC_CACHE)
+    declared = getattr(module, NO_STATIC_CACHE, "")
+    if declared:
+        return declared
     supports = getattr(type(module), "_supports_default_dynamic_cache", None)
     if supports is not None and not supports():
         return "it needs a cache class of its own, which transformers does not make static"
