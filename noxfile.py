@@ -54,8 +54,8 @@ TEST_ENV = {
 #: every package of the JAX stack and tests/; ``torchxla``), each package's isolation proven by its own
 #: install and import (``core``, ``install``), and the representative slice against the oldest transformers
 #: the packages declare and the newest on the index. "torchxla" is last: its venv differs (torch 2.9), and its
-#: first run downloads 3.5 GB. `nox -s jax`, `-s llama`, `-s gemma` run one package's tests in a venv of its
-#: own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
+#: first run downloads 3.5 GB. `nox -s jax`, `-s llama`, `-s gemma`, `-s longtail` run one package's tests in a
+#: venv of its own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
 nox.options.sessions = [
     "lint",
     "core",
@@ -88,7 +88,14 @@ def drops_venv(function):
 
 
 #: The packages `integration` installs together (all of them that share constraints.txt's torch).
-INTEGRATED = ["hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"]
+INTEGRATED = [
+    "hfax-core",
+    "hfax-jax",
+    "hfax-patches-llama",
+    "hfax-patches-gemma",
+    "hfax-patches-longtail",
+    "hfax-serve",
+]
 
 
 def pyproject(directory: Path) -> dict:
@@ -211,6 +218,13 @@ def llama(session: nox.Session) -> None:
 def gemma(session: nox.Session) -> None:
     """hfax-patches-gemma, the Gemma family."""
     test_package(session, "hfax-patches-gemma")
+
+
+@nox.session
+@drops_venv
+def longtail(session: nox.Session) -> None:
+    """hfax-patches-longtail, the long-tail families (one plugin per transformers family)."""
+    test_package(session, "hfax-patches-longtail")
 
 
 #: Run in a --no-deps install: every requirement the named distributions declare (with their `test` extra)
@@ -557,6 +571,9 @@ ALONE_CHECKS = {
     "hfax-patches-llama": PLUGIN_ALONE_CHECK.format(module="hfax.patches.llama", name="llama"),
     "hfax-patches-gemma": PLUGIN_ALONE_CHECK.format(module="hfax.patches.gemma", name="gemma"),
     "hfax-serve": PLUGIN_ALONE_CHECK.format(module="hfax.serve", name="serve"),
+    "hfax-patches-longtail": PLUGIN_ALONE_CHECK.format(
+        module="hfax.patches.longtail.families", name="prophetnet"
+    ),
 }
 
 
@@ -608,7 +625,7 @@ def install(session: nox.Session) -> None:
     check_installed_from_dist(
         session,
         report,
-        {"hfax", "hfax-core", "hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"},
+        {"hfax", *INTEGRATED},
     )
     for distribution, check in ALONE_CHECKS.items():
         install_alone(session, tmp, distribution, check)
@@ -618,7 +635,7 @@ def install(session: nox.Session) -> None:
     session.run(
         "python",
         "-c",
-        "import hfax, hfax.backends.jax, hfax.patches.llama, hfax.patches.gemma",
+        "import hfax, hfax.backends.jax, hfax.patches.llama, hfax.patches.gemma, hfax.patches.longtail",
         env=TEST_ENV,
     )
     listing = session.run("hfax", "plugins", env=TEST_ENV, silent=True)
@@ -626,7 +643,7 @@ def install(session: nox.Session) -> None:
     status = {
         line.split()[1]: line.split()[3] for line in listing.splitlines() if len(line.split()) >= 4
     }
-    for distribution in ("hfax-jax", "hfax-patches-llama", "hfax-patches-gemma", "hfax-serve"):
+    for distribution in INTEGRATED[1:]:
         if status.get(distribution) != "loaded":
             session.error(f"`hfax plugins` does not show {distribution} as loaded")
     if "backend jax" not in listing:
@@ -800,16 +817,7 @@ def bench_train(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
-    packages = [
-        str(PACKAGES / package)
-        for package in (
-            "hfax-core",
-            "hfax-serve",
-            "hfax-jax",
-            "hfax-patches-llama",
-            "hfax-patches-gemma",
-        )
-    ]
+    packages = [str(PACKAGES / package) for package in INTEGRATED]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
 

@@ -41,10 +41,11 @@ def test_each_family_is_loaded_from_its_distribution(family):
 def test_every_claimed_model_type_goes_to_exactly_its_family():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    # the dedicated families beside hfax-patches-longtail's, one per architecture of the long tail
     claimed = {
         model_type: name for name, spec in families().items() for model_type in spec.model_types
     }
-    assert set(claimed.values()) == set(FAMILIES)
+    assert set(FAMILIES) <= set(claimed.values())
     for model_type, family in claimed.items():
         assert (
             hfax.detect_family(CONFIG_MAPPING[model_type]()) == family

@@ -101,7 +101,7 @@ def sweep_image_text_model(name: str, directory: Any) -> tuple[Any, dict[str, to
 
 def test_ovis2_places_its_visual_indicators_compiled(tmp_path, backend):
     # Ovis2 writes each visual indicator's embedding under `if mask.any()` (jit cannot branch on it);
-    # hfax.ovis2 writes it by torch.where. Prompts with an indicator before and after their image: the
+    # hfax.patches.longtail.ovis2 writes it by torch.where. Prompts with an indicator before and after their image: the
     # compiled forward within 1e-4 and greedy tokens equal to transformers'.
     reference, inputs = sweep_image_text_model("ovis2", tmp_path)
     ids = inputs["input_ids"]

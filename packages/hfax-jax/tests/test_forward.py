@@ -149,7 +149,7 @@ def test_a_model_checking_its_lengths_in_python_compiles(tmp_path, config_class)
 
 def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_path):
     # transformers' Longformer branches on `.item()` and lists its global tokens with `nonzero`, and its
-    # mask is written through a view by a boolean index: hfax.longformer and the view lowering.
+    # mask is written through a view by a boolean index: hfax.patches.longtail.longformer and the view lowering.
     import hfax
     from hfax.testing import longformer_batch
 
@@ -161,7 +161,7 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
 
 def test_reformer_axial_positions_compiled(tmp_path):
     # transformers' Reformer cuts its grid of axial positions to the rows `position_ids.max().item()`
-    # reaches: hfax.axial_positions looks the ids up in the whole grid.
+    # reaches: hfax.patches.longtail.reformer looks the ids up in the whole grid.
     import hfax
     from hfax.testing import reformer_batch
 
@@ -173,7 +173,7 @@ def test_reformer_axial_positions_compiled(tmp_path):
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
-    # transformers selects the <eos> states with a boolean index, a data-dependent shape: hfax.eos_pooling
+    # transformers selects the <eos> states with a boolean index, a data-dependent shape: hfax.patches.longtail.eos_pooling
     # gathers each row's last one, and refuses the batches transformers refuses before compiling.
     import hfax
     from hfax.testing import eos_classifier, reference_forward

@@ -17,6 +17,7 @@ from hfax.testing import (
     assert_same_continuation,
     eager_experts_batch,
     left_padded,
+    looping_config,
     prophetnet_config,
     reference_generate,
     save_tiny,
@@ -164,22 +165,15 @@ def test_model_computing_with_the_cache_length(tmp_path, name):
 def test_model_positioned_by_the_cache_length_and_masking_no_key(tmp_path):
     # ProphetNet's decoder takes a decode step's position from the cache length with int() (which fails to
     # trace), its relative-position buckets from the keys' indices, and masks no key; its first n-gram
-    # stream gives the logits. hfax.prophetnet gives it transformers' positions, buckets and masks.
+    # stream gives the logits. hfax.patches.longtail.prophetnet gives it transformers' positions, buckets and masks.
     assert_generates_like_transformers(prophetnet_config(), tmp_path)
 
 
 def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):
     # Qwen4-Exp's indexer lists each query's visible keys with nonzero (no static shape) and its cache keeps
-    # the keys' positions, read from their end: hfax.sparse_attention chooses the same keys for all queries
+    # the keys' positions, read from their end: hfax.patches.longtail.qwen4_exp chooses the same keys for all queries
     # at once, and the model decodes without a cache (each step re-reads the sequence).
-    config = transformers.Qwen4ExpTextConfig(
-        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-        max_position_embeddings=64, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, ple_embed_dim=64,
-        layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=4, indexer_kv_heads=1,
-        indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-    )  # fmt: skip
+    config = looping_config("qwen4_exp")
     with pytest.warns(UserWarning, match="decodes without a cache: its indexer"):
         assert_generates_like_transformers(config, tmp_path)
 
@@ -252,37 +246,11 @@ def test_a_cache_of_another_kind_is_refused(tmp_path):
         model.generate(np.array([[5, 6, 7]]), max_new_tokens=2)
 
 
-LOOPING_OVER_EXPERTS = {
-    # [experts * ffn, hidden] weight matrices; the Python loop visits the experts the batch hit
-    "dbrx": lambda: transformers.DbrxConfig(
-        vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
-        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}, ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
-    ),
-    # routed experts and identity ("zero") experts numbered after them
-    "longcat_flash": lambda: transformers.LongcatFlashConfig(
-        vocab_size=64, hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
-        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
-        max_position_embeddings=64,
-    ),
-    # experts and a mixture of attention heads, the tokens sorted by expert split by a list of counts
-    "jetmoe": lambda: transformers.JetMoeConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
-        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
-    ),
-    # language adapters: each row's chosen by its language id, gathered by a boolean mask
-    "xmod": lambda: transformers.XmodConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        is_decoder=True, languages=["en_XX", "de_DE", "fr_XX"], default_language="de_DE",
-    ),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("name", sorted(LOOPING_OVER_EXPERTS))
+@pytest.mark.parametrize("name", ["dbrx", "jetmoe", "longcat_flash", "xmod"])
 def test_experts_looping_over_the_batch(tmp_path, name):
     # transformers loops in Python over the experts a batch hits (a data-dependent count, which no traced
-    # program has); hfax-core runs every expert on every token instead: the same tokens.
-    assert_generates_like_transformers(LOOPING_OVER_EXPERTS[name](), tmp_path)
+    # program has); their family plugins (hfax.patches.longtail) run every expert on every token instead: the same tokens.
+    assert_generates_like_transformers(looping_config(name), tmp_path)
 
 
 def test_language_adapters_chosen_per_row(tmp_path):
@@ -291,7 +259,7 @@ def test_language_adapters_chosen_per_row(tmp_path):
     import jax
     import torch
 
-    reference = save_tiny(LOOPING_OVER_EXPERTS["xmod"](), tmp_path, spread=True)
+    reference = save_tiny(looping_config("xmod"), tmp_path, spread=True)
     model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
     ids, languages = np.array([[5, 9, 13, 2, 44], [3, 8, 21, 7, 30]]), np.array([2, 0])
     with torch.no_grad():

@@ -67,15 +67,15 @@ CONFIGS = {
         decoder_start_token_id=2,
         forced_bos_token_id=1,
     ),
-    # Longformer's windowed attention in the encoder, a window shorter than the sources (hfax.longformer).
+    # Longformer's windowed attention in the encoder, a window shorter than the sources (hfax.patches.longtail.longformer).
     "led": lambda: led_config(PAD),
     # FSMT applies no decoder mask over a cache, and drops its padding mask when there is no padding
-    # (hfax.fsmt).
+    # (hfax.patches.longtail.fsmt).
     "fsmt": lambda: fsmt_config(PAD),
     # BERT as the decoder of an EncoderDecoderModel slices its position ids at the cache's count
-    # (`position_ids[:, past : past + n]`: hfax.cache_positions).
+    # (`position_ids[:, past : past + n]`: hfax.patches.longtail.cache_positions).
     "bert2bert": lambda: bert2bert_config(PAD),
-    # Switch Transformers loops over the experts its tokens hit (hfax.experts); each expert takes at most
+    # Switch Transformers loops over the experts its tokens hit (hfax.patches.longtail.switch_transformers); each expert takes at most
     # 3 tokens of a sequence.
     "switch_transformers": lambda: switch_config(PAD),
     # The encoder runs alone (not with use_cache) and its own output type reaches the decoder.

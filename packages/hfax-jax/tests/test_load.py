@@ -19,12 +19,24 @@ from hfax.testing import mapped_resident_bytes, save_tiny, tiny_config
 PROMPT = np.array([[1, 5, 9, 23, 7, 3, 11]])
 
 
-def test_a_model_without_a_family_plugin_loads_through_transformers(tmp_path, caplog):
-    """GPT-2 has no family plugin: transformers reads its weights (and initializes what it must)."""
-    reference = save_tiny(tiny_config("gpt2"), tmp_path / "gpt2")
+@pytest.mark.parametrize(
+    ("family", "config"),
+    [
+        ("generic", lambda: tiny_config("gpt2")),
+        # claimed by a long-tail family plugin, which does not declare streamed loading
+        ("mpt", lambda: transformers.MptConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2)),
+    ],
+)
+def test_a_family_without_streamed_loading_loads_through_transformers(
+    tmp_path, caplog, family, config
+):
+    """GPT-2 has no family plugin and MPT's family does not vouch for its loading: transformers reads their
+    weights (and initializes what it must)."""
+    reference = save_tiny(config(), tmp_path / family)
     with caplog.at_level(logging.INFO, logger="hfax"):
-        model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path / "gpt2"), backend="jax")
-    assert "weights load through transformers" in caplog.text and "no family plugin" in caplog.text
+        model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path / family), backend="jax")
+    assert model.family == family
+    assert f"family {family!r} does not declare streamed loading" in caplog.text
     with torch.no_grad():
         expected = reference(input_ids=torch.tensor(PROMPT)).logits.numpy()
     np.testing.assert_allclose(

@@ -71,7 +71,7 @@ def test_xlnet_keeps_its_memory_though_torch_xla_refuses_slices_from_before_the_
 
 def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_path):
     # Through torch_xla's dynamo bridge, transformers' Longformer (`.item()`, `nonzero`) broke the graph
-    # and the compiled forward's logits were off by about 1; hfax.longformer keeps it one graph.
+    # and the compiled forward's logits were off by about 1; hfax.patches.longtail.longformer keeps it one graph.
     import hfax
     from hfax.testing import longformer_batch
 
@@ -83,7 +83,7 @@ def test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt(tmp_
 
 def test_reformer_axial_positions_in_one_graph(tmp_path):
     # transformers' Reformer cuts its grid of axial positions at `position_ids.max().item()`, where dynamo
-    # breaks the graph; hfax.axial_positions looks the ids up in the whole grid.
+    # breaks the graph; hfax.patches.longtail.reformer looks the ids up in the whole grid.
     from torch._dynamo.utils import counters
 
     import hfax
@@ -147,7 +147,7 @@ def test_big_bird_question_answering_compiled(tmp_path):
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_path, family):
-    # hfax.eos_pooling gathers each row's last <eos> state instead of transformers' boolean index, and
+    # hfax.patches.longtail.eos_pooling gathers each row's last <eos> state instead of transformers' boolean index, and
     # refuses the batches transformers refuses before compiling.
     import hfax
     from hfax.testing import eos_classifier, reference_forward

@@ -125,7 +125,7 @@ MIXTURE_OF_EXPERTS = {
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
     ),
-    # experts and a mixture of attention heads, whose tokens hfax-core's gating sorts by expert
+    # experts and a mixture of attention heads, whose tokens hfax.patches.longtail.jetmoe's gating sorts by expert
     "jetmoe": lambda: transformers.JetMoeConfig(
         vocab_size=64,
         hidden_size=32,
@@ -406,7 +406,7 @@ COUNTED_POSITIONS = {
         is_decoder=True,
     ),
     # LED's encoder is Longformer's windowed attention (a window shorter than the prompts), and its decoder
-    # applies no mask to a one-token step (hfax.step_masks).
+    # applies no mask to a one-token step (hfax.patches.longtail.step_masks).
     "led": lambda: led_config(PAD),
     # FSMT's sinusoidal table grows itself when the positions outrun it, a branch on the count.
     "fsmt": lambda: fsmt_config(PAD),
@@ -421,7 +421,7 @@ COUNTED_POSITIONS = {
 def test_positions_counted_from_the_cache_length(name, tmp_path):
     # RoFormer's, LED's and BERT's decoders number a step's positions from the cache's count
     # (torch.arange(past, past + n), a slice), which torch_xla's dynamo bridge refused to size, FSMT
-    # grows its table when they outrun it, MPT slices its bias by it: hfax.cache_positions.
+    # grows its table when they outrun it, MPT slices its bias by it: hfax.patches.longtail.cache_positions.
     config = COUNTED_POSITIONS[name]()
     if config.is_encoder_decoder:
         assert_translates_like_transformers(config, tmp_path)
@@ -432,7 +432,7 @@ def test_positions_counted_from_the_cache_length(name, tmp_path):
 def test_prophetnet_decodes_over_the_static_cache(tmp_path):
     # ProphetNet's decoder builds its prefill masks for the fed tokens alone (the full-length cache gave it
     # 26 slots), and branches on the cache's count (a tensor in a decode step) and sets a ContextVar,
-    # neither of which dynamo traces: hfax.prophetnet. Decoder-only, then encoder-decoder.
+    # neither of which dynamo traces: hfax.patches.longtail.prophetnet. Decoder-only, then encoder-decoder.
     assert_generates_like_transformers(prophetnet_config(), tmp_path / "decoder")
     assert_translates_like_transformers(prophetnet_config(), tmp_path / "seq2seq")
 
@@ -459,6 +459,6 @@ def test_git_branching_on_the_cache_count(tmp_path):
 
 def test_switch_transformers_routes_in_one_graph(tmp_path):
     # Switch Transformers' router moves its classifier module in its forward (`Module.to`), which dynamo
-    # cannot trace, and its experts loop over the ones a batch hits: hfax.experts routes and runs them
+    # cannot trace, and its experts loop over the ones a batch hits: hfax.patches.longtail.switch_transformers routes and runs them
     # statically; the translations stay transformers'.
     assert_translates_like_transformers(switch_config(PAD), tmp_path)

@@ -20,44 +20,6 @@ def hfax_families() -> list[FamilySpec]:
     return [FamilySpec("generic", (), TESTED_TRANSFORMERS)]
 
 
-@hookimpl
-def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
-    """Expert layers that loop in Python over the experts a batch hits (DBRX, LongCat-Flash, JetMoE,
-    X-MOD's language adapters) run every expert with static shapes instead, on every backend
-    (:mod:`hfax.experts`), sparse-attention indexers that loop over the queries choose their keys with
-    static shapes too (:mod:`hfax.sparse_attention`), ProphetNet's decoder decodes over a static cache
-    (:mod:`hfax.prophetnet`), Longformer's attention runs without data-dependent shapes
-    (:mod:`hfax.longformer`), encoder-decoder classifiers gather each row's last ``<eos>`` state
-    (:mod:`hfax.eos_pooling`), decoders that drop their mask on one-token steps get it back
-    (:mod:`hfax.step_masks`), position embeddings that count from the cache's length size their range
-    statically (:mod:`hfax.cache_positions`), FSMT always makes its decoder's padding mask
-    (:mod:`hfax.fsmt`), Ovis2 places its visual indicators without a branch (:mod:`hfax.ovis2`) and
-    Reformer looks its axial positions up in the whole grid (:mod:`hfax.axial_positions`)."""
-    from hfax import (
-        axial_positions,
-        cache_positions,
-        eos_pooling,
-        experts,
-        fsmt,
-        longformer,
-        ovis2,
-        prophetnet,
-        sparse_attention,
-        step_masks,
-    )
-
-    patcher.bind_by_class(model, experts.LOOPS)
-    patcher.bind_by_class(model, sparse_attention.LOOPS)
-    patcher.bind_by_class(model, prophetnet.DECODE)
-    patcher.bind_by_class(model, longformer.STATIC)
-    patcher.bind_by_class(model, eos_pooling.STATIC)
-    patcher.bind_by_class(model, step_masks.STEPS)
-    patcher.bind_by_class(model, cache_positions.COUNTED)
-    patcher.bind_by_class(model, fsmt.MASKS)
-    patcher.bind_by_class(model, ovis2.INDICATORS)
-    patcher.bind_by_class(model, axial_positions.AXIAL)
-
-
 @hookimpl(trylast=True)
 def hfax_sharding_plan(model: Any, config: Any, family: str) -> ShardingPlan:
     """transformers' own tensor-parallel plan: ``config.base_model_tp_plan`` plus the head's ``_tp_plan``,

@@ -13,7 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from hfax import checkpoints, plugins
 from hfax.patching import Patcher
-from hfax.registry import Backend
+from hfax.registry import STREAMED_LOADING, Backend
 
 logger = logging.getLogger("hfax")
 
@@ -280,11 +280,16 @@ def _stream(
     """The model with its weights read from the checkpoint straight onto the devices, or ``None`` where
     transformers must load it (the reason is logged): see ``hfax.checkpoints``.
 
-    Only models of a family plugin stream: transformers' own loading re-initializes some weights of
-    other models after reading them (DiffLlama's ``lambda_*``), and hfax must hold what transformers
-    would (the coverage sweep found it); a family vouches for its models' loading."""
-    if family == plugins.GENERIC_FAMILY:
-        logger.info("hfax: weights load through transformers: %s has no family plugin", family)
+    Only models of a family that declares :data:`~hfax.registry.STREAMED_LOADING` stream: transformers' own
+    loading re-initializes some weights of other models after reading them (a weight computed from others
+    at init), and hfax must hold what transformers would (the coverage sweep found it); such a family
+    vouches for its models' loading."""
+    spec = plugins.families().get(family)
+    if spec is None or STREAMED_LOADING not in spec.features:
+        logger.info(
+            "hfax: weights load through transformers: family %r does not declare streamed loading",
+            family,
+        )
         return None
     try:
         checkpoint = checkpoints.find_checkpoint(name_or_path, model, hf_kwargs)

@@ -10,11 +10,8 @@ in ways that do:
   :func:`every_expert` is registered in transformers' ``ExpertsInterface`` (the backend switches to it).
   A class that defaults to ``"eager"`` (a loop over the experts hit) gets the backend's choice too
   (:func:`compile_experts`).
-* a few models loop in Python over the experts a batch hits (``nonzero`` of the routing, then the tokens
-  of each): DBRX, LongCat-Flash, Switch Transformers; JetMoE (its experts and its mixture of attention heads) splits the tokens
-  sorted by expert by a Python list of counts; X-MOD's language adapters, a mixture routed by each row's
-  language id, gather each language's rows by a boolean mask. hfax-core's ``hfax_patch_model`` hook
-  replaces those methods on the instance (:data:`LOOPS`).
+* a few models loop in Python over the experts a batch hits, or split their tokens by counts read as
+  Python numbers: their family plugins replace those methods with static ones, built on :func:`weighted`.
 
 Every expert on every token costs ``experts / top_k`` times the products of the chosen experts; a decode
 step of a batch reads every expert's weights anyway once its tokens hit them all. The sums differ from
@@ -63,7 +60,7 @@ def every_expert(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights:
 def weighted(out: Any, top_k_index: Any, top_k_weights: Any, extra: Any = None) -> Any:
     """``[tokens, hidden]``: every expert's output ``out`` (``[experts, tokens, hidden]``) summed with the
     router's weight for it (zero where a token did not choose it). ``extra`` (``[more, tokens, hidden]``)
-    are the outputs of experts numbered after those of ``out`` (LongCat's identity experts)."""
+    are the outputs of experts numbered after those of ``out`` (identity experts that return their input)."""
     import torch
 
     if extra is not None:
@@ -74,143 +71,11 @@ def weighted(out: Any, top_k_index: Any, top_k_weights: Any, extra: Any = None) 
     return torch.einsum("eth,te->th", out, routing)
 
 
-def dbrx_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """``DbrxExperts.forward``: its experts' weights are ``[experts * ffn, hidden]`` matrices; the gate
-    and up projections multiply by their transpose, the down projection by the matrix itself."""
-    import torch
-
-    batch = hidden_states.shape[0]
-    tokens = hidden_states.reshape(-1, self.hidden_size)
-    shape = (self.num_experts, self.ffn_hidden_size, self.hidden_size)
-    mlp = self.mlp
-    gate = torch.einsum("th,efh->etf", tokens, mlp.w1.view(shape))
-    up = torch.einsum("th,efh->etf", tokens, mlp.v1.view(shape))
-    out = torch.einsum("etf,efh->eth", mlp.activation_fn(gate) * up, mlp.w2.view(shape))
-    return weighted(out, top_k_index, top_k_weights).view(batch, -1, self.hidden_size)
-
-
-def longcat_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """``LongcatFlashExperts.forward``: routed experts (gate and up concatenated, ``[out, in]``), then
-    ``zero_expert_num`` identity experts."""
-    import torch
-
-    routed = self.num_routed_experts
-    identity = hidden_states.expand(self.zero_expert_num, *hidden_states.shape)
-    if routed == 0 or self.gate_up_proj is None:
-        return weighted(identity, top_k_index, top_k_weights).to(hidden_states.dtype)
-    gate, up = torch.einsum("th,eoh->eto", hidden_states, self.gate_up_proj[:routed]).chunk(
-        2, dim=-1
-    )
-    out = torch.einsum("etf,ehf->eth", self.act_fn(gate) * up, self.down_proj)
-    return weighted(out, top_k_index, top_k_weights, identity).to(hidden_states.dtype)
-
-
-def xmod_adapters(self: Any, lang_ids: Any, hidden_states: Any) -> Any:
-    """``XmodOutput.lang_adapter``: each row's language adapter (``lang_ids``: one id per row, or per
-    token). Every adapter runs on every row and each keeps its own language's output: the adapters are
-    small bottleneck MLPs, so this costs ``languages`` times one of them."""
-    import torch
-
-    residual = hidden_states
-    if self.adapter_layer_norm is not None:
-        hidden_states = self.adapter_layer_norm(hidden_states)
-    elif self.adapter_reuse_layer_norm:
-        hidden_states = self.LayerNorm(hidden_states)
-    if self.ln_before_adapter:
-        residual = hidden_states
-    chosen = lang_ids.reshape(*lang_ids.shape, *[1] * (hidden_states.dim() - lang_ids.dim()))
-    adapted = torch.zeros_like(hidden_states)
-    for index, adapter in enumerate(self.adapter_modules.values()):
-        adapted = torch.where(chosen == index, adapter(hidden_states), adapted)
-    return self.dropout(adapted) + residual
-
-
-def jetmoe_gating(self: Any, hidden_states: Any) -> Any:
-    """``JetMoeTopKGating.forward``, its tokens per expert kept as a tensor: transformers turns them into
-    a Python list (``tolist()``) to split the sorted tokens by expert, a count no traced program has."""
-    import torch
-
-    logits = self.layer(hidden_states).float()
-    top_logits, top_indices = logits.topk(self.top_k, dim=1)
-    top_gates = torch.softmax(top_logits, dim=1).type_as(hidden_states)
-    chosen = torch.zeros(
-        top_gates.shape[0], self.num_experts, dtype=torch.long, device=logits.device
-    )
-    expert_size = chosen.scatter(1, top_indices, 1).sum(0)
-    _, order = top_indices.flatten().sort(0)
-    # JetMoE's `map` passes these to `index_add`. torch_xla 2.9 aborts the process there (an XLA shape
-    # check) when the index is `sort`'s own output in the same graph; an operation between them avoids it.
-    index_sorted_experts = order + 0
-    batch_index = index_sorted_experts.div(self.top_k, rounding_mode="trunc")
-    batch_gates = top_gates.flatten()[index_sorted_experts]
-    return index_sorted_experts, batch_index, batch_gates, expert_size, logits
-
-
-def jetmoe_parallel_experts(self: Any, inputs: Any, expert_size: Any) -> Any:
-    """``JetMoeParallelExperts.forward``: ``inputs`` sorted by expert, ``expert_size`` (a tensor, from
-    :func:`jetmoe_gating`) tokens each. Every expert multiplies every row, and each row keeps its own
-    expert's product."""
-    import torch
-
-    rows = torch.arange(inputs.shape[0], device=inputs.device)
-    expert = (rows[:, None] >= torch.cumsum(expert_size, 0)[None, :]).sum(1)
-    out = torch.einsum("ri,eoi->reo", inputs, self.weight)
-    return out.gather(1, expert[:, None, None].expand(-1, 1, out.shape[2])).squeeze(1)
-
-
-def switch_experts(
-    self: Any, hidden_states: Any, selected_experts: Any, routing_weights: Any
-) -> Any:
-    """``SwitchTransformersExperts.forward``: ``selected_experts`` is each token's one-hot expert
-    (``[tokens, 1, experts]``, all zero for a token past its expert's capacity), ``routing_weights`` its
-    router probability (``[tokens, 1]``). Every expert runs on every token; each token keeps its own
-    expert's output, weighted, and a token past capacity keeps zeros, as in transformers."""
-    import torch
-
-    out = torch.stack([self[f"expert_{index}"](hidden_states) for index in range(self.num_experts)])
-    weights = selected_experts[:, 0, :].to(out.dtype).T * routing_weights[:, 0].to(out.dtype)
-    return (out * weights[..., None]).sum(0).to(hidden_states.dtype)
-
-
-def switch_router(self: Any, hidden_states: Any) -> Any:
-    """``SwitchTransformersTop1Router.forward`` outside training: transformers' routing (each token's most
-    probable expert, one-hot, zero past the expert's capacity; that probability; the logits), with the
-    classifier's weight cast to the router's dtype inside the product. transformers moves the classifier
-    module itself in its forward (``self.classifier = self.classifier.to(self.dtype)``), which torch_xla's
-    dynamo bridge cannot trace."""
-    import torch
-
-    if self.training:  # jitter noise
-        return type(self).forward(self, hidden_states)
-    classifier = self.classifier
-    bias = None if classifier.bias is None else classifier.bias.to(self.dtype)
-    logits = torch.nn.functional.linear(
-        hidden_states.to(self.dtype), classifier.weight.to(self.dtype), bias
-    )
-    probabilities = torch.softmax(logits, dim=-1, dtype=self.dtype).to(hidden_states.dtype)
-    chosen = torch.nn.functional.one_hot(probabilities.argmax(-1), num_classes=self.num_experts)
-    within_capacity = chosen.cumsum(-2) <= self.expert_capacity
-    return chosen * within_capacity, probabilities.max(-1).values.unsqueeze(-1), logits
-
-
-#: transformers' classes with a method that loops over the experts a batch hits: class name -> (method,
-#: its replacement); and Switch Transformers' router, which moves its classifier in its forward.
-LOOPS = {
-    "DbrxExperts": ("forward", dbrx_experts),
-    "LongcatFlashExperts": ("forward", longcat_experts),
-    "XmodOutput": ("lang_adapter", xmod_adapters),
-    "JetMoeTopKGating": ("forward", jetmoe_gating),
-    "JetMoeParallelExperts": ("forward", jetmoe_parallel_experts),
-    "SwitchTransformersExperts": ("forward", switch_experts),
-    "SwitchTransformersTop1Router": ("forward", switch_router),
-}
-
-
 def compile_experts(model: Any, patcher: Any, implementation: str) -> None:
     """Compute ``model``'s transformers expert layers by ``implementation`` (``"grouped_mm"``, or
     :data:`NAME` for :func:`every_expert`) where they run what transformers picks when nobody asks, through
     transformers' own extension point. That is ``"grouped_mm"``, or ``"eager"`` where the model class
-    defaults to it (OpenAI Privacy Filter, which fears grouped_mm's order of additions): eager loops over the
+    defaults to it (a class that avoids grouped_mm's order of additions): eager loops over the
     experts a batch hits by ``nonzero``, which no compiled program can size. The products per token are the
     same. An implementation the user chose is kept (a user's ``"eager"`` on a class that defaults to it
     looks the same, and is switched)."""

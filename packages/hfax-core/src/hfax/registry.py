@@ -112,6 +112,9 @@ class FamilySpec:
 
     * ``"attention_interface"``: attention goes through transformers' ``AttentionInterface`` with nothing
       model-specific beside it, so a backend may switch it to its own kernel.
+    * ``"streamed_loading"``: a safetensors checkpoint holds every weight as the model uses it (transformers'
+      loading re-initializes none after reading it), so ``from_pretrained`` may read the weights straight
+      onto the devices (``hfax_load_weights``).
     """
 
     name: str
@@ -122,6 +125,9 @@ class FamilySpec:
 
 #: The attention of a family with this feature may be switched to a backend's own kernel.
 ATTENTION_INTERFACE = "attention_interface"
+
+#: The weights of a family with this feature may be read from the checkpoint straight onto the devices.
+STREAMED_LOADING = "streamed_loading"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -596,6 +596,48 @@ def led_config(pad_token_id: int) -> Any:
     )  # fmt: skip
 
 
+def looping_config(name: str) -> Any:
+    """A tiny config of a model whose transformers layers loop in Python over what a batch hits:
+    ``"dbrx"`` (``[experts * ffn, hidden]`` weight matrices, a loop over the experts hit),
+    ``"longcat_flash"`` (routed experts and identity experts numbered after them), ``"jetmoe"`` (experts
+    and a mixture of attention heads, the tokens sorted by expert split by a list of counts), ``"xmod"``
+    (language adapters, each row's chosen by its language id and gathered by a boolean mask) or
+    ``"qwen4_exp"`` (an indexer choosing each query's keys in a loop)."""
+    import transformers
+
+    configs = {
+        "dbrx": lambda: transformers.DbrxConfig(
+            vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+            attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+            ffn_config={"ffn_hidden_size": 48, "moe_num_experts": 4, "moe_top_k": 2},
+        ),
+        "longcat_flash": lambda: transformers.LongcatFlashConfig(
+            vocab_size=64, hidden_size=32, num_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2,
+            moe_topk=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+            v_head_dim=8, head_dim=8, max_position_embeddings=64,
+        ),
+        "jetmoe": lambda: transformers.JetMoeConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
+            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        ),
+        "xmod": lambda: transformers.XmodConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=48, is_decoder=True, languages=["en_XX", "de_DE", "fr_XX"],
+            default_language="de_DE",
+        ),
+        "qwen4_exp": lambda: transformers.Qwen4ExpTextConfig(
+            vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+            max_position_embeddings=64, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, ple_embed_dim=64,
+            layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=4,
+            indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+        ),
+    }  # fmt: skip
+    return configs[name]()
+
+
 def reference_forward(model: Any, **inputs: Any) -> Any:
     """The PyTorch reference's output for numpy (or torch) inputs, without gradients."""
     import torch

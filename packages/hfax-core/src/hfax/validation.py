@@ -15,6 +15,17 @@ import numpy as np
 #: The forward's arguments that hold token ids of the model's vocabulary.
 ID_ARGUMENTS = ("input_ids", "decoder_input_ids")
 
+#: The method a family plugin binds on a model whose forward checks its ``input_ids`` in Python, where its
+#: compiled forward cannot: ``check(input_ids)`` gets them as a host (numpy) array before anything
+#: compiles, and raises to refuse them. For example, in the plugin's ``hfax_patch_model``::
+#:
+#:     def check_eos_counts(model, input_ids):
+#:         if (input_ids == model.config.eos_token_id).sum() == 0:
+#:             raise ValueError("each row must hold an <eos> token")
+#:
+#:     patcher.bind(model, hfax.validation.CHECK_IDS, check_eos_counts)
+CHECK_IDS = "hfax_check_ids"
+
 
 def host_array(value: Any) -> np.ndarray:
     """A numpy view of a numpy, torch (any device) or JAX array."""
@@ -84,21 +95,21 @@ def check_forward_inputs(
     inputs: dict[str, Any], vocab_size: int | None, module: Any = None
 ) -> None:
     """The forward's keyword arguments: token ids and the attention mask that goes with them, and what
-    ``module`` (the PyTorch model) checks of its ids in Python, which its compiled forward cannot."""
+    ``module`` (the PyTorch model) checks of its ids in Python, which its compiled forward cannot (the
+    :data:`CHECK_IDS` method a family plugin bound on it)."""
     for name in ID_ARGUMENTS:
         if inputs.get(name) is not None:
             check_ids(name, inputs[name], vocab_size)
     if inputs.get("attention_mask") is not None:
         ids = inputs.get("input_ids")
         check_mask(inputs["attention_mask"], tuple(ids.shape) if ids is not None else None)
-    if module is not None and inputs.get("input_ids") is not None:
-        from hfax import eos_pooling
-
+    check = getattr(module, CHECK_IDS, None)
+    if check is not None and inputs.get("input_ids") is not None:
         try:
             ids = host_array(inputs["input_ids"])
         except Exception:  # noqa: BLE001 - traced by the caller's jax.jit: its values are unknown
             return
-        eos_pooling.check_eos_counts(module, ids)
+        check(ids)
 
 
 def vocab_size(module: Any) -> int | None:

@@ -31,10 +31,10 @@ LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
 MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
 
 
-#: Model types whose cache keeps the keys' positions beside them and whose layers read the fed tokens'
-#: positions from the end of those (Qwen4-Exp's indexer, ``indexer_position_ids``): a slot cache writes each
-#: token at its slot, not at the end. They decode without a cache.
-POSITIONS_IN_THE_CACHE = frozenset({"qwen4_exp_text", "qwen4_exp"})
+#: The model attribute in which a family plugin's patch states why no static cache can hold the model's
+#: decode state (``patcher.setattr(model, NO_STATIC_CACHE, "its indexer reads ...")``): it decodes without
+#: a cache, and the warning gives that reason.
+NO_STATIC_CACHE = "hfax_no_static_cache"
 
 
 #: Model types whose ``prepare_inputs_for_generation`` appends a token (the config field named here) after
@@ -171,8 +171,9 @@ def no_static_cache(module: Any, length: int) -> str:
     model_type = getattr(config, "model_type", "")
     if model_type in MODULE_STATE:
         return f"its recurrent layers keep their state ({MODULE_STATE[model_type]}) in module attributes"
-    if model_type in POSITIONS_IN_THE_CACHE:
-        return "its indexer keeps its keys' positions in the cache and reads the new tokens' from their end"
+    declared = getattr(module, NO_STATIC_CACHE, "")
+    if declared:
+        return declared
     supports = getattr(type(module), "_supports_default_dynamic_cache", None)
     if supports is not None and not supports():
         return "it needs a cache class of its own, which transformers does not make static"

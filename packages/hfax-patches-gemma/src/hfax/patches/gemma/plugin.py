@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfax import FamilySpec, hookimpl
-from hfax.registry import ATTENTION_INTERFACE
+from hfax.registry import ATTENTION_INTERFACE, STREAMED_LOADING
 
 FAMILY = "gemma"
 
@@ -23,7 +23,11 @@ TRANSFORMERS = ">=5.23,<5.25"
 
 @hookimpl
 def hfax_families() -> list[FamilySpec]:
-    return [FamilySpec(FAMILY, MODEL_TYPES, TRANSFORMERS, features=(ATTENTION_INTERFACE,))]
+    return [
+        FamilySpec(
+            FAMILY, MODEL_TYPES, TRANSFORMERS, features=(ATTENTION_INTERFACE, STREAMED_LOADING)
+        )
+    ]
 
 
 @hookimpl

@@ -1,5 +1,5 @@
-"""FSMT's decoder masks, on every backend: a padding mask without a branch on the data, and a mask over the
-static cache on cached steps.
+"""FSMT's decoder masks and positions, on every backend: a padding mask without a branch on the data, a mask
+over the static cache on cached steps, and positions counted from a tensor count.
 
 - transformers' FSMT makes its decoder's padding mask from the decoder's ids and drops it when no id is
   padding (``if not padding_mask.any()``): a branch on values, which ``jax.jit`` cannot trace and torch_xla's
@@ -7,15 +7,21 @@ static cache on cached steps.
   it. transformers takes that path itself when it is given a ``decoder_attention_mask``; here the forward is
   given the one transformers would make.
 - Over a cache, transformers' FSMT applies no decoder mask at all: its dynamic cache holds exactly the tokens
-  so far. hfax's static cache also holds slots not yet written (:mod:`hfax.step_masks`), so the mask hfax
-  passes over them reaches the decoder's layers as the causal mask they add to their scores.
+  so far. hfax's static cache also holds slots not yet written (:mod:`hfax.patches.longtail.step_masks`), so
+  the mask hfax passes over them reaches the decoder's layers as the causal mask they add to their scores.
+- FSMT's sinusoidal positions count from the cache's length
+  (:mod:`hfax.patches.longtail.cache_positions`), and its table grows itself when ``past + n`` positions
+  outrun it, a branch on the count. The table holds ``max_position_embeddings`` positions past the padding
+  index, and hfax's generate refuses a run that needs more before compiling (``hfax.generation.settings``),
+  so with a tensor count the table is used as it is.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hfax import step_masks
+from hfax.patches.longtail import step_masks
+from hfax.patches.longtail.cache_positions import count_of
 from hfax.signatures import cache_keyword
 
 
@@ -65,5 +71,23 @@ def decoder_forward(self: Any, input_ids: Any, encoder_hidden_states: Any, encod
     )  # fmt: skip
 
 
-#: FSMT's model and decoder: class name -> (method, its replacement).
-MASKS = {"FSMTModel": ("forward", model_forward), "FSMTDecoder": ("forward", decoder_forward)}
+def fsmt_positions(self: Any, input: Any, **named: Any) -> Any:
+    """FSMT's ``SinusoidalPositionalEmbedding.forward``: each real token's position among the row's real
+    tokens, after the cache's count of tokens (its one keyword argument); with a tensor count, without
+    growing the table."""
+    import torch
+
+    count = count_of((), named)
+    if not isinstance(count, torch.Tensor):
+        return type(self).forward(self, input, **named)
+    positions = self.make_positions(input, self.padding_idx) + count
+    return torch.nn.Embedding.forward(self, positions)
+
+
+#: FSMT's model, decoder and positions (FSMT's ``SinusoidalPositionalEmbedding``, the only class of that
+#: name in transformers): class name -> (method, its replacement).
+PATCHES = {
+    "FSMTModel": ("forward", model_forward),
+    "FSMTDecoder": ("forward", decoder_forward),
+    "SinusoidalPositionalEmbedding": ("forward", fsmt_positions),
+}

@@ -29,4 +29,4 @@ def axial_positions(self: Any, position_ids: Any) -> Any:
 
 
 #: Reformer's axial position embeddings: class name -> (method, its replacement).
-AXIAL = {"AxialPositionEmbeddings": ("forward", axial_positions)}
+PATCHES = {"AxialPositionEmbeddings": ("forward", axial_positions)}

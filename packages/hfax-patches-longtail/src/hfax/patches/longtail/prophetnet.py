@@ -26,13 +26,9 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from hfax.signatures import cache_keyword
+from transformers.cache_utils import EncoderDecoderCache
 
-# hfax-core installs without torch (transformers' caches import it); no model runs there to need them.
-try:
-    from transformers.cache_utils import EncoderDecoderCache
-except ImportError:
-    EncoderDecoderCache = object
+from hfax.signatures import cache_keyword
 
 #: During one decoder forward: its 2-D padding mask (``[batch, slots]``), its positions' padding index and
 #: how many tokens its cache held before (the slot the fed token fills), for the layers below it.
@@ -227,7 +223,7 @@ def ngram_attention_forward(self: Any, hidden_states: Any,
 
 
 #: class name -> (method, its replacement)
-DECODE = {
+PATCHES = {
     "ProphetNetDecoder": ("forward", decoder_forward),
     "ProphetNetPositionalEmbeddings": ("forward", positional_forward),
     "ProphetNetNgramSelfAttention": ("forward", ngram_attention_forward),

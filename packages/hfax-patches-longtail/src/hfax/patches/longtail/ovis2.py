@@ -46,4 +46,4 @@ def model_forward(self: Any, input_ids: Any = None, pixel_values: Any = None,
 
 
 #: Ovis2's model, merging images without a branch on the data: class name -> (method, its replacement).
-INDICATORS = {"Ovis2Model": ("forward", model_forward)}
+PATCHES = {"Ovis2Model": ("forward", model_forward)}

@@ -5,8 +5,12 @@ transformers selects those states with a boolean index (``hidden_states[eos_mask
 the batch has ``<eos>`` tokens: a data-dependent shape, which no compiled program has) and checks with
 ``unique_consecutive`` that every row holds the same number. Here each row's last ``<eos>`` is found by
 position and gathered: the same states whenever transformers' checks pass. The checks run on the host
-before anything compiles (:func:`check_eos_counts`, called by :mod:`hfax.validation`), with transformers'
-messages, so a batch they refuse is refused here too.
+before anything compiles (:func:`check_eos_counts`, bound as the model's
+:data:`hfax.validation.CHECK_IDS`), with transformers' messages, so a batch they refuse is refused here too.
+
+The families' modules (:mod:`~hfax.patches.longtail.bart`, :mod:`~hfax.patches.longtail.t5`,
+:mod:`~hfax.patches.longtail.mvp`) name their classifiers; :func:`classifiers` and :func:`bind_check` are
+what they bind (``PATCHES``, ``patch_model``).
 """
 
 from __future__ import annotations
@@ -14,18 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfax.signatures import cache_field, output_cache
-
-#: The classifiers, by class name: the ones that pool the last ``<eos>`` state of every row.
-CLASSIFIERS = (
-    "BartForSequenceClassification",
-    "MBartForSequenceClassification",
-    "PLBartForSequenceClassification",
-    "MvpForSequenceClassification",
-    "BigBirdPegasusForSequenceClassification",
-    "T5ForSequenceClassification",
-    "MT5ForSequenceClassification",
-    "UMT5ForSequenceClassification",
-)
+from hfax.validation import CHECK_IDS
 
 
 def last_eos_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
@@ -85,9 +78,7 @@ def last_eos_forward(self: Any, input_ids: Any = None, attention_mask: Any = Non
 
 def check_eos_counts(module: Any, input_ids: Any) -> None:
     """transformers' checks of a batch for these classifiers: every row holds at least one ``<eos>`` and
-    all rows the same number. ``input_ids`` is a host (numpy) array; other modules pass unchecked."""
-    if type(module).__name__ not in CLASSIFIERS or input_ids is None:
-        return
+    all rows the same number. ``input_ids`` is a host (numpy) array."""
     counts = (input_ids == module.config.eos_token_id).sum(-1)
     if len(set(counts.tolist())) > 1:
         raise ValueError(
@@ -102,5 +93,18 @@ def check_eos_counts(module: Any, input_ids: Any) -> None:
         )
 
 
-#: The classifiers' forwards, replaced: class name -> (method, its replacement).
-STATIC = {name: ("forward", last_eos_forward) for name in CLASSIFIERS}
+def classifiers(names: tuple[str, ...]) -> dict[str, tuple[str, Any]]:
+    """The classifiers ``names`` (class names), their forwards replaced: class name -> (method, its
+    replacement)."""
+    return {name: ("forward", last_eos_forward) for name in names}
+
+
+def bind_check(names: tuple[str, ...]) -> Any:
+    """A family module's ``patch_model``: a ``model`` of one of the classifiers ``names`` checks its
+    ids' ``<eos>`` counts on the host (:func:`check_eos_counts` as its :data:`hfax.validation.CHECK_IDS`)."""
+
+    def patch(model: Any, patcher: Any) -> None:
+        if type(model).__name__ in names:
+            patcher.bind(model, CHECK_IDS, check_eos_counts)
+
+    return patch

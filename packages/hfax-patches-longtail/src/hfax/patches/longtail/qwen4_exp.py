@@ -7,13 +7,20 @@ Qwen4-Exp's ``Qwen4ExpTextQSAIndexer`` loops over every row and query: it lists 
 same selection for all queries at once: a key's block is its rank among the query's visible keys divided
 by the ratio, each block's mean key is a sum over a one-hot membership, and incomplete blocks score
 ``-inf``. The membership is ``[batch, queries, keys, blocks]``: built for the short prompts such a model
-decodes without a cache here (:func:`hfax.generation.shapes.no_static_cache`), not for long ones.
+decodes without a cache, not for long ones.
+
+Its cache keeps the keys' positions beside them, and the indexer reads the fed tokens' positions from the
+end of those (``indexer_position_ids``): a slot cache writes each token at its slot, not at the end. So the
+family's patch tells hfax's generate to decode these models without a cache
+(:data:`hfax.generation.shapes.NO_STATIC_CACHE`).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from hfax.generation.shapes import NO_STATIC_CACHE
 
 
 def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any,
@@ -68,4 +75,11 @@ def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, at
 
 
 #: transformers' classes that choose keys in a Python loop: class name -> (method, its replacement).
-LOOPS = {"Qwen4ExpTextQSAIndexer": ("forward", qwen4_exp_blocks)}
+PATCHES = {"Qwen4ExpTextQSAIndexer": ("forward", qwen4_exp_blocks)}
+
+
+def patch_model(model: Any, patcher: Any) -> None:
+    """What the family changes beside :data:`PATCHES`: ``model`` decodes without a cache (see the
+    module's docstring)."""
+    reason = "its indexer keeps its keys' positions in the cache and reads the new tokens' from their end"
+    patcher.setattr(model, NO_STATIC_CACHE, reason)

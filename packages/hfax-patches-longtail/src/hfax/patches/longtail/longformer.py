@@ -1,11 +1,12 @@
-"""Longformer's attention (and LED's encoder, which copies it) with static shapes, on every backend.
+"""Longformer's attention (and LED's encoder, which copies it: :mod:`hfax.patches.longtail.led`) with
+static shapes, on every backend.
 
 transformers' Longformer reads whether any token of the batch has global attention with ``.item()``
 (no compiled program can branch on a value it computes), lists the global tokens with ``nonzero`` (a
 data-dependent shape) and scatters their outputs back by those lists. Under ``jax.jit`` that cannot
-trace; through torch_xla's dynamo bridge the graph breaks there and the compiled forward gave logits off
-by about 1 from transformers' (the cause inside the bridge is not chased: with this module the forward is
-one graph).
+trace; through torch_xla's dynamo bridge the graph breaks there, and its logits differ from transformers'
+(``test_longformer_with_global_tokens_and_a_window_shorter_than_the_prompt`` of each backend): with this
+module the forward is one graph.
 
 Here every query scores every key of the (window-padded) sequence and a boolean mask keeps exactly the
 keys transformers' banded computation lets it see: a query that is not global sees the keys within
@@ -70,7 +71,7 @@ def self_attention(self: Any, hidden_states: Any, attention_mask: Any = None,
     return (output.transpose(1, 2).reshape(batch, length, heads * dim),)
 
 
-def _run_layers(
+def run_layers(
     layers: Any, hidden_states: Any, attention_mask: Any, padding_len: int
 ) -> tuple[Any, ...]:
     """The hidden states before the first layer and after each, cut back to the unpadded length.
@@ -95,7 +96,7 @@ def _run_layers(
 def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, padding_len: int = 0,
                     output_attentions: bool = False, output_hidden_states: bool = False,
                     return_dict: bool = True) -> Any:  # fmt: skip
-    """``LongformerEncoder.forward``, its layers run by :func:`_run_layers`."""
+    """``LongformerEncoder.forward``, its layers run by :func:`run_layers`."""
     if output_attentions:
         return type(self).forward(
             self, hidden_states, attention_mask, padding_len, output_attentions,
@@ -103,7 +104,7 @@ def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, p
         )  # fmt: skip
     import sys
 
-    states = _run_layers(self.layer, hidden_states, attention_mask, padding_len)
+    states = run_layers(self.layer, hidden_states, attention_mask, padding_len)
     all_states = states if output_hidden_states else None
     if not return_dict:
         return tuple(value for value in (states[-1], all_states) if value is not None)
@@ -111,58 +112,8 @@ def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, p
     return output_class(last_hidden_state=states[-1], hidden_states=all_states)
 
 
-def led_encoder_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
-                        global_attention_mask: Any = None, inputs_embeds: Any = None,
-                        output_attentions: Any = None, output_hidden_states: Any = None,
-                        return_dict: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-    """``LEDEncoder.forward``: transformers' embedding, mask and window padding, its layers run by
-    :func:`_run_layers`."""
-    config = self.config
-    output_attentions = config.output_attentions if output_attentions is None else output_attentions
-    if output_attentions or self.training or (input_ids is None) == (inputs_embeds is None):
-        # Attention maps, layer drop, or arguments transformers refuses: its own code.
-        return type(self).forward(
-            self, input_ids, attention_mask, global_attention_mask, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict, **kwargs,
-        )  # fmt: skip
-    import sys
-
-    import torch
-
-    module = sys.modules[type(self).__module__]
-    if inputs_embeds is None:
-        inputs_embeds = self.embed_tokens(input_ids)
-    if attention_mask is None:
-        attention_mask = torch.ones(
-            inputs_embeds.shape[:-1], device=inputs_embeds.device, dtype=torch.long
-        )
-    if global_attention_mask is not None:
-        attention_mask = self._merge_to_attention_mask(attention_mask, global_attention_mask)
-    padding_len, input_ids, attention_mask, inputs_embeds = self._pad_to_window_size(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        inputs_embeds=inputs_embeds,
-        pad_token_id=config.pad_token_id,
-    )
-    # 1 -> 0, 0 -> the dtype's lowest, 2 (global) -> a large positive value, as transformers has it.
-    mask = module._prepare_4d_attention_mask_inverted(attention_mask, inputs_embeds.dtype)[
-        :, 0, 0, :
-    ]
-    hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
-    states = _run_layers(self.layers, self.layernorm_embedding(hidden_states), mask, padding_len)
-    output_hidden_states = (
-        config.output_hidden_states if output_hidden_states is None else output_hidden_states
-    )
-    all_states = states if output_hidden_states else None
-    if not (config.return_dict if return_dict is None else return_dict):
-        return tuple(value for value in (states[-1], all_states) if value is not None)
-    return module.LEDEncoderBaseModelOutput(last_hidden_state=states[-1], hidden_states=all_states)
-
-
 #: transformers' Longformer classes whose methods need concrete values, and their static replacements.
-STATIC = {
+PATCHES = {
     "LongformerSelfAttention": ("forward", self_attention),
     "LongformerEncoder": ("forward", encoder_forward),
-    "LEDEncoderSelfAttention": ("forward", self_attention),
-    "LEDEncoder": ("forward", led_encoder_forward),
 }

@@ -1,0 +1,27 @@
+"""The long-tail families, one :class:`~hfax.patches.longtail.family.LongTailFamily` each: the objects the
+distribution's entry points name (``prophetnet = "hfax.patches.longtail.families:prophetnet"``). A family's
+code is the module of its name, imported when a model of the family is patched."""
+
+from __future__ import annotations
+
+from hfax.patches.longtail.family import LongTailFamily
+
+bart = LongTailFamily("bart", ("bart", "mbart", "plbart", "bigbird_pegasus"))
+bert = LongTailFamily("bert", ("bert",))
+dbrx = LongTailFamily("dbrx", ("dbrx",))
+fsmt = LongTailFamily("fsmt", ("fsmt",))
+jetmoe = LongTailFamily("jetmoe", ("jetmoe",))
+led = LongTailFamily("led", ("led",))
+longcat_flash = LongTailFamily("longcat_flash", ("longcat_flash",))
+longformer = LongTailFamily("longformer", ("longformer",))
+mpt = LongTailFamily("mpt", ("mpt",))
+mvp = LongTailFamily("mvp", ("mvp",))
+ovis2 = LongTailFamily("ovis2", ("ovis2",))
+prophetnet = LongTailFamily("prophetnet", ("prophetnet",))
+qwen4_exp = LongTailFamily("qwen4_exp", ("qwen4_exp", "qwen4_exp_text"))
+reformer = LongTailFamily("reformer", ("reformer",))
+roformer = LongTailFamily("roformer", ("roformer",))
+switch_transformers = LongTailFamily("switch_transformers", ("switch_transformers",))
+t5 = LongTailFamily("t5", ("t5", "mt5", "umt5"))
+trocr = LongTailFamily("trocr", ("trocr",))
+xmod = LongTailFamily("xmod", ("xmod",))

@@ -1,0 +1,178 @@
+"""Each long-tail family's patches give transformers' outputs, in PyTorch on the CPU (the backends' own
+tests run the same models compiled): a tiny random model, its output before and after the family's patch."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from hfax.patches.longtail import families
+from hfax.patching import Patcher, unpatch
+from hfax.testing import (
+    bert2bert_config,
+    eos_classifier,
+    fsmt_config,
+    led_config,
+    left_padded,
+    longformer_batch,
+    looping_config,
+    prophetnet_config,
+    reference_forward,
+    reformer_batch,
+    spread_weights,
+    switch_config,
+)
+from hfax.validation import CHECK_IDS
+
+
+def patch(model, family):
+    """``model`` patched by the long-tail family ``family`` alone; fails when nothing was patched."""
+    patcher = Patcher(model)
+    getattr(families, family).hfax_patch_model(model=model, patcher=patcher)
+    assert patcher.patched, f"the {family} family patched nothing"
+    return model
+
+
+def tiny(config, auto="AutoModelForCausalLM"):
+    torch.manual_seed(0)
+    model = getattr(transformers, auto).from_config(config)
+    spread_weights(model)
+    return model.eval()
+
+
+def assert_patch_keeps(model, family, **inputs):
+    """The model's logits for ``inputs`` are the same before and after ``family``'s patch."""
+    expected = reference_forward(model, **inputs).logits.float().numpy()
+    actual = reference_forward(patch(model, family), **inputs).logits.float().numpy()
+    np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+IDS, MASK = left_padded([[5, 9, 13, 2, 44, 7, 11], [3, 8, 21, 30]])
+
+
+@pytest.mark.parametrize("family", ["dbrx", "jetmoe", "longcat_flash", "qwen4_exp"])
+def test_static_loops_give_transformers_logits(family):
+    # Experts (and Qwen4-Exp's indexer) chosen per batch by a Python loop, replaced by static code.
+    model = tiny(looping_config(family))
+    assert_patch_keeps(model, family, input_ids=IDS, attention_mask=MASK)
+
+
+def test_qwen4_exp_decodes_without_a_cache():
+    from hfax.generation.shapes import no_static_cache
+
+    model = patch(tiny(looping_config("qwen4_exp")), "qwen4_exp")
+    assert "its indexer keeps its keys' positions" in no_static_cache(model, 16)
+    unpatch(model)
+    assert no_static_cache(model, 16) == ""
+
+
+def test_language_adapters_chosen_per_row():
+    inputs = dict(input_ids=IDS[:, :5], lang_ids=np.array([2, 0]))
+    assert_patch_keeps(tiny(looping_config("xmod")), "xmod", **inputs)
+
+
+def test_switch_transformers_experts_and_router():
+    model = tiny(switch_config(0), "AutoModelForSeq2SeqLM")
+    decoder = np.array([[0, 5, 9, 13], [0, 8, 21, 30]])
+    inputs = dict(input_ids=IDS, attention_mask=MASK, decoder_input_ids=decoder)
+    assert_patch_keeps(model, "switch_transformers", **inputs)
+
+
+def test_prophetnet_positions_and_streams_over_its_padding_mask():
+    model = tiny(prophetnet_config())
+    assert_patch_keeps(model, "prophetnet", input_ids=IDS, attention_mask=MASK)
+
+
+@pytest.mark.parametrize(
+    ("family", "batch", "auto"),
+    [
+        ("longformer", longformer_batch, "AutoModelForMaskedLM"),
+        ("reformer", reformer_batch, "AutoModelForCausalLM"),
+    ],
+)
+def test_static_lookups_give_transformers_logits(tmp_path, family, batch, auto):
+    expected, inputs, real = batch(tmp_path)
+    model = patch(getattr(transformers, auto).from_pretrained(tmp_path).eval(), family)
+    actual = reference_forward(model, **inputs).logits.float().numpy()
+    np.testing.assert_allclose(actual[real], expected[real], atol=1e-4, rtol=1e-4)
+
+
+def test_led_encoder_gives_transformers_logits():
+    model = tiny(led_config(0), "AutoModelForSeq2SeqLM")
+    ids, mask = left_padded([list(range(5, 22)), list(range(30, 41))])
+    decoder = np.array([[2, 5, 9], [2, 8, 21]])
+    assert_patch_keeps(model, "led", input_ids=ids, attention_mask=mask, decoder_input_ids=decoder)
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_classifiers_pool_the_last_eos_and_check_the_counts(tmp_path, family):
+    reference, inputs = eos_classifier(tmp_path, family)
+    assert_patch_keeps(reference, family, **inputs)
+    eos = reference.config.eos_token_id
+    getattr(reference, CHECK_IDS)(np.array([[5, eos, 7, eos], [eos, 6, 7, eos]]))
+    with pytest.raises(ValueError, match="same number of <eos> tokens"):
+        getattr(reference, CHECK_IDS)(np.array([[5, eos, 7, eos], [5, 6, 7, 8]]))
+
+
+def module_of(modeling, name, *args):
+    return getattr(importlib.import_module(f"transformers.models.{modeling}"), name)(*args)
+
+
+#: family -> (the embedding, how it is called with a count).
+COUNTED = {
+    "mvp": (lambda: module_of("mvp.modeling_mvp", "MvpLearnedPositionalEmbedding", 64, 16),
+            lambda module, ids, count: module(ids, count)),
+    "trocr": (lambda: module_of("trocr.modeling_trocr", "TrOCRLearnedPositionalEmbedding", 64, 16),
+              lambda module, ids, count: module(ids, count)),
+    "roformer": (lambda: module_of("roformer.modeling_roformer", "RoFormerSinusoidalPositionalEmbedding", 64, 16),
+                 lambda module, ids, count: module(ids.shape, count)),
+    "led": (lambda: module_of("led.modeling_led", "LEDLearnedPositionalEmbedding", 64, 16),
+            lambda module, ids, count: module(ids.shape, count)),
+    "fsmt": (lambda: module_of("fsmt.modeling_fsmt", "SinusoidalPositionalEmbedding", 64, 16, 1),
+             lambda module, ids, count: module(ids, cache_length=count)),
+    "bert": (lambda: module_of("bert.modeling_bert", "BertEmbeddings", transformers.BertConfig(
+                 vocab_size=64, hidden_size=16, max_position_embeddings=64)),
+             lambda module, ids, count: module(ids, None, None, None, count)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(COUNTED))
+def test_positions_counted_from_a_tensor_count(family):
+    # hfax's static cache counts its tokens with a tensor; transformers' positions take a Python count.
+    build, call = COUNTED[family]
+    torch.manual_seed(0)
+    module = build().eval()
+    ids = torch.tensor([[5, 9, 13], [3, 8, 21]])
+    expected = call(module, ids, 3)
+    patches = importlib.import_module(f"hfax.patches.longtail.{family}").PATCHES
+    Patcher(module).bind_by_class(module, patches)
+    assert "forward" in vars(module), f"the {family} family does not patch {type(module).__name__}"
+    torch.testing.assert_close(call(module, ids, torch.tensor(3)), expected)
+
+
+GENERATING = {
+    "mpt": lambda: tiny(transformers.MptConfig(
+        vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=2)),
+    "fsmt": lambda: tiny(fsmt_config(0), "AutoModelForSeq2SeqLM"),
+    "led": lambda: tiny(led_config(0), "AutoModelForSeq2SeqLM"),
+    "bert": lambda: tiny(bert2bert_config(0), "AutoModelForSeq2SeqLM"),
+    "prophetnet": lambda: tiny(prophetnet_config(), "AutoModelForSeq2SeqLM"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(GENERATING))
+def test_greedy_tokens_of_transformers_generate(family):
+    # transformers' own generate over its dynamic cache: the patched decoders give the same tokens.
+    model = GENERATING[family]()
+    ids = torch.tensor([[5, 9, 13, 7, 11], [3, 8, 21, 30, 6]])
+    settings = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    if model.config.is_encoder_decoder:
+        settings["decoder_start_token_id"] = 2
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        actual = patch(model, family).generate(ids, **settings)
+    torch.testing.assert_close(actual, expected)
