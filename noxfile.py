@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import configparser
+import fcntl
 import functools
 import json
 import os
@@ -311,6 +312,33 @@ _SECOND = "gemma3 and greedy_processors"
 TORCHXLA_FEATURE_GROUPS = (_FIRST, _SECOND, f"not ({_FIRST}) and not ({_SECOND})")
 
 
+def fetch_torchxla_wheels(session: nox.Session) -> Path:
+    """Download the wheels of constraints-torchxla.txt the wheelhouse lacks, hashes checked; return it.
+
+    Under an exclusive lock on the wheelhouse, so a download already under way (``torchxla_wheels`` in
+    the background, as .ci/run starts it) is waited for and never read half-written."""
+    house = wheelhouse()
+    house.mkdir(parents=True, exist_ok=True)
+    with (house / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = missing_wheels(pinned_requirements(CONSTRAINTS_TORCHXLA), house)
+        if missing:
+            session.log(f"downloading {len(missing)} pinned wheels into {house}")
+            listing = Path(session.create_tmp()) / "missing-wheels.txt"
+            listing.write_text("\n".join(missing) + "\n")
+            download = ["download", "--no-deps", "--require-hashes", "--dest", str(house)]
+            session.run(sys.executable, "-m", "pip", *download, "-r", str(listing), external=True)
+    return house
+
+
+@nox.session(venv_backend="none")
+def torchxla_wheels(session: nox.Session) -> None:
+    """Download the torchxla session's pinned wheels into the wheelhouse (3.5 GB when it is empty). .ci/run
+    starts it in the background beside the CI set, so the download overlaps the sessions before torchxla,
+    which waits for it (:func:`fetch_torchxla_wheels`)."""
+    fetch_torchxla_wheels(session)
+
+
 def install_torchxla(session: nox.Session) -> None:
     """The pinned torch_xla environment (constraints-torchxla.txt) and hfax-torchxla with its siblings."""
     directory = PACKAGES / "hfax-torchxla"
@@ -319,25 +347,7 @@ def install_torchxla(session: nox.Session) -> None:
     # (about 1 GB). So the pinned environment goes in unresolved, and DECLARED_CHECK does pip's part.
     # pip keeps no download cache of the 3 GB of torch and NVIDIA wheels here (the index sends no caching
     # headers), so they go to a wheelhouse once, and every install reads them from there, hashes checked.
-    house = wheelhouse()
-    house.mkdir(parents=True, exist_ok=True)
-    missing = missing_wheels(pinned_requirements(CONSTRAINTS_TORCHXLA), house)
-    if missing:
-        session.log(f"downloading {len(missing)} pinned wheels into {house}")
-        listing = Path(session.create_tmp()) / "missing-wheels.txt"
-        listing.write_text("\n".join(missing) + "\n")
-        session.run_install(
-            "python",
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--require-hashes",
-            "--dest",
-            str(house),
-            "-r",
-            str(listing),
-        )
+    house = fetch_torchxla_wheels(session)
     # --no-compile: byte-compiling all of torch takes longer than unpacking it (here 183 s against 97 s, CPU
     # time 73 s against 42 s); the tests import a small part of it, compiled on import.
     session.install(
