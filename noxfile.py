@@ -391,9 +391,8 @@ def run_processes(
     each process's output logged whole when it ends; the session fails if any run fails.
 
     For torch_xla, where a test run cannot be spread over pytest-xdist's workers: its tests count the
-    programs their process compiled (a worker that ran another file first had compiled them already), and a
-    process compiles a bounded number of programs (TORCHXLA_FEATURE_GROUPS). Whole processes side by side
-    keep each run as it is alone and the cores busy."""
+    programs their process compiled, and a worker that ran another file first had compiled them already.
+    Whole processes side by side keep each run as it is alone and the cores busy."""
     bin_dir = str(session.bin)
     # As session.run builds it: the session's env (where None unsets a variable), the venv's bin first.
     environment = {**os.environ, **session.env, **env}
