@@ -29,19 +29,9 @@ def longtail_families():
     return {name: spec for name, spec in plugins.families().items() if name in names}
 
 
-@pytest.fixture
-def fresh_plugins(monkeypatch):
-    """Plugins reloaded after the test sets its switches, and again after it."""
-    monkeypatch.delenv("HFAX_BLOCK_PLUGINS", raising=False)
-    plugins.reset_plugins()
-    yield monkeypatch
-    monkeypatch.undo()
-    plugins.reset_plugins()
-
-
 def test_each_entry_point_is_one_loaded_family():
     infos = [info for info in plugins.plugin_infos() if info.distribution == DISTRIBUTION]
-    assert len(infos) >= 19
+    assert len(infos) >= 23
     for info in infos:
         assert (info.status, info.families) == ("loaded", (info.name,)), info
     for name, spec in longtail_families().items():
@@ -120,7 +110,7 @@ def test_hfax_core_names_no_long_tail_model_type():
     # in its source would be a branch or table for one architecture, which belongs in the family's plugin.
     # hfax.testing holds per-architecture test fixtures, which leave the core wheel with issue #45's tests.
     types = sorted({t for spec in longtail_families().values() for t in spec.model_types})
-    assert "prophetnet" in types
+    assert {"prophetnet", "gpt_neo", "recurrent_gemma", "xlm", "flaubert", "whisper"} <= set(types)
     # a model type between non-alphanumerics: "bart", transformers.models.bart, bart_classifier
     pattern = re.compile(
         r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, types)) + r")(?![A-Za-z0-9])"
