@@ -109,7 +109,7 @@ def generation_traits(module: Any) -> GenerationTraits:
     hook = plugins.get_plugin_manager().hook.hfax_generation_traits
     arguments = {"model": module, "config": module.config}
     answers: list[tuple[str, GenerationTraits]] = []
-    for impl in reversed(hook.get_hookimpls()):  # in the order plugins were registered
+    for impl in hook.get_hookimpls():  # in the order plugins were registered
         answer = impl.function(*[arguments[name] for name in impl.argnames])
         if answer is not None:
             answers.append((impl.plugin_name, answer))
