@@ -124,3 +124,38 @@ def test_hfax_core_names_no_long_tail_model_type():
         if pattern.search(line)
     ]
     assert not found, "hfax-core names long-tail architectures:\n" + "\n".join(found)
+
+
+def on_meta(config, model_class):
+    """A model of ``model_class`` (a transformers class name) for ``config``, on the meta device."""
+    with torch.device("meta"):
+        return getattr(transformers, model_class)(config)
+
+
+def test_generation_traits_of_the_families(fresh_plugins):
+    # What generate learns from the families that hold no patch: GPT-Neo's window, RecurrentGemma's state
+    # outside the cache, XLM's appended token (a causal XLM refused), Whisper's prompt and options.
+    from hfax.generation.shapes import no_static_cache
+    from hfax.generation.traits import Appended, generation_traits
+    from hfax.patches.longtail import whisper
+
+    neo = transformers.GPTNeoConfig(
+        num_layers=2, attention_types=[[["global", "local"], 1]], window_size=40
+    )
+    gpt_neo = on_meta(neo, "GPTNeoForCausalLM")
+    assert no_static_cache(gpt_neo, 32) == "" and "window_size 40" in no_static_cache(gpt_neo, 64)
+    assert "conv1d_state" in no_static_cache(
+        on_meta(transformers.RecurrentGemmaConfig(), "RecurrentGemmaForCausalLM"), 16
+    )
+    xlm = transformers.XLMConfig(mask_token_id=5, lang_id=1)
+    assert generation_traits(on_meta(xlm, "XLMWithLMHeadModel")).appended == Appended(5, 1)
+    with pytest.raises(NotImplementedError, match="XLMWithLMHeadModel with causal=True"):
+        generation_traits(on_meta(transformers.XLMConfig(causal=True), "XLMWithLMHeadModel"))
+    traits = generation_traits(
+        on_meta(transformers.WhisperConfig(), "WhisperForConditionalGeneration")
+    )
+    assert traits.decoder_prompt is whisper.prompt and "language" in traits.options
+    assert "prompt_ids" in traits.refused_options
+    fresh_plugins.setenv("HFAX_BLOCK_PLUGINS", "xlm")
+    plugins.reset_plugins()
+    assert generation_traits(on_meta(xlm, "XLMWithLMHeadModel")).appended is None
