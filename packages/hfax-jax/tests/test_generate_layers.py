@@ -21,6 +21,7 @@ from hfax.testing import (
     prophetnet_config,
     reference_generate,
     save_tiny,
+    tiny_config,
 )
 
 PROMPTS = [[5, 17, 33, 9, 41, 8, 22, 60], [12, 50, 7, 31, 19]]
@@ -192,18 +193,10 @@ def test_a_family_trait_changes_what_generate_does(tmp_path):
         def hfax_generation_traits(self, model, config):
             return self.traits if config.model_type == "llama" else None
 
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
     hfax.register(Traits(), name="test-traits")
     try:
         with pytest.warns(UserWarning, match="decodes without a cache: a test plugin keeps"):
-            assert_generates_like_transformers(config, tmp_path)
+            assert_generates_like_transformers(tiny_config("llama"), tmp_path)
         Traits.traits = GenerationTraits(refused="this test refuses it; run it elsewhere")
         model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
         compiles = monitor.snapshot().compiles
