@@ -1,13 +1,19 @@
-"""hfax.generation.shapes and hfax.masks: what every backend's generate shares, checked without torch or jax."""
+"""hfax.generation.shapes, hfax.generation.traits and hfax.masks: what every backend's generate shares,
+checked without torch or jax."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import transformers
 
+import hfax
 from hfax import masks
 from hfax.generation import shapes as generation
+from hfax.generation.traits import Appended, GenerationTraits, generation_traits
+from hfax.plugins import PluginConflictError, PluginHookError
 
 
 def test_pad_prompts_left_right_and_to_a_length():
@@ -41,3 +47,69 @@ def test_layer_spans_by_layer_type():
     assert masks.layer_windows(transformers.MistralConfig(sliding_window=7)) == {
         "full_attention": 7
     }
+
+
+class TraitsPlugin:
+    """A family plugin whose ``hfax_generation_traits`` describes the models of model_type "traited"."""
+
+    def __init__(self, traits):
+        self.traits = traits
+
+    @hfax.hookimpl
+    def hfax_generation_traits(self, config):
+        return self.traits if config.model_type == "traited" else None
+
+
+class TraitedModel:
+    """What generation reads of a transformers model here: its config and its forward's parameters."""
+
+    def __init__(self, model_type="traited"):
+        self.config = SimpleNamespace(model_type=model_type)
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, cache=None):
+        raise AssertionError("generation's decisions do not run the model")
+
+
+def test_a_family_trait_decides_how_generate_decodes():
+    # hfax_generation_traits' answers reach generation: a reason against a static cache or a local window
+    # makes the model decode without one (warning why), a refusal stops it, and models it does not
+    # describe are left alone.
+    model, other = TraitedModel(), TraitedModel("plain")
+    cache = generation.cache_argument(model, 64)  # the installed transformers' name for it
+    assert cache in ("past_key_values", "cache")
+    hfax.register(TraitsPlugin(GenerationTraits(no_static_cache="its state lives elsewhere")), "a")
+    with pytest.warns(UserWarning, match="decodes without a cache: its state lives elsewhere"):
+        assert generation.cache_argument(model, 64) == ""
+    assert generation.cache_argument(other, 64) == cache
+    hfax.unregister("a")
+    hfax.register(TraitsPlugin(GenerationTraits(local_attention_window=32)), "a")
+    assert generation.no_static_cache(model, 32) == ""
+    assert "within its window_size 32" in generation.no_static_cache(model, 64)
+    hfax.register(TraitsPlugin(GenerationTraits(refused="it cannot; run it elsewhere")), "b")
+    with pytest.raises(NotImplementedError, match="it cannot; run it elsewhere"):
+        generation.cache_argument(model, 64)
+
+
+def test_generation_traits_merge_and_conflict():
+    model = TraitedModel()
+    for name, traits in [
+        ("a", GenerationTraits(no_static_cache="one", local_attention_window=8, options=("x",))),
+        (
+            "b",
+            GenerationTraits(no_static_cache="two", local_attention_window=4, options=("x", "y")),
+        ),
+        ("c", GenerationTraits(appended=Appended(3, None))),
+    ]:
+        hfax.register(TraitsPlugin(traits), name)
+    merged = generation_traits(model)
+    assert (merged.no_static_cache, merged.local_attention_window) == ("one; two", 4)
+    assert (merged.options, merged.appended) == (("x", "y"), Appended(3, None))
+    hfax.register(TraitsPlugin(GenerationTraits(appended=Appended(4, None))), "d")
+    with pytest.raises(PluginConflictError, match=r"\['c', 'd'\].*'appended'"):
+        generation_traits(model)
+
+
+def test_a_generation_traits_answer_of_another_type_fails_the_call():
+    hfax.register(TraitsPlugin("decode without a cache"), "wrong")
+    with pytest.raises(PluginHookError, match="hfax_generation_traits returned str"):
+        generation_traits(TraitedModel())

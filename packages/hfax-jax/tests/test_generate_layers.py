@@ -21,6 +21,7 @@ from hfax.testing import (
     prophetnet_config,
     reference_generate,
     save_tiny,
+    tiny_config,
 )
 
 PROMPTS = [[5, 17, 33, 9, 41, 8, 22, 60], [12, 50, 7, 31, 19]]
@@ -176,6 +177,34 @@ def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):
     config = looping_config("qwen4_exp")
     with pytest.warns(UserWarning, match="decodes without a cache: its indexer"):
         assert_generates_like_transformers(config, tmp_path)
+
+
+def test_a_family_trait_changes_what_generate_does(tmp_path):
+    # What a plugin answers through hfax_generation_traits reaches generate: a reason against a static cache
+    # makes the model decode without one (transformers' tokens still), a refusal stops the call before
+    # anything compiles.
+    from hfax.backends.jax import monitor
+    from hfax.generation.traits import GenerationTraits
+
+    class Traits:
+        traits = GenerationTraits(no_static_cache="a test plugin keeps its state elsewhere")
+
+        @hfax.hookimpl
+        def hfax_generation_traits(self, model, config):
+            return self.traits if config.model_type == "llama" else None
+
+    hfax.register(Traits(), name="test-traits")
+    try:
+        with pytest.warns(UserWarning, match="decodes without a cache: a test plugin keeps"):
+            assert_generates_like_transformers(tiny_config("llama"), tmp_path)
+        Traits.traits = GenerationTraits(refused="this test refuses it; run it elsewhere")
+        model = hfax.AutoModelForTPU.from_pretrained(str(tmp_path), backend="jax")
+        compiles = monitor.snapshot().compiles
+        with pytest.raises(NotImplementedError, match="this test refuses it"):
+            model.generate(np.array([[5, 9, 13]]), max_new_tokens=2)
+        assert monitor.snapshot().compiles == compiles
+    finally:
+        hfax.unregister("test-traits")
 
 
 def test_forced_eos_and_suppressed_first_tokens(tmp_path):

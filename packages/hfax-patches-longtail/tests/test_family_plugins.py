@@ -30,19 +30,9 @@ def longtail_families():
     return {name: spec for name, spec in plugins.families().items() if name in names}
 
 
-@pytest.fixture
-def fresh_plugins(monkeypatch):
-    """Plugins reloaded after the test sets its switches, and again after it."""
-    monkeypatch.delenv("HFAX_BLOCK_PLUGINS", raising=False)
-    plugins.reset_plugins()
-    yield monkeypatch
-    monkeypatch.undo()
-    plugins.reset_plugins()
-
-
 def test_each_entry_point_is_one_loaded_family():
     infos = [info for info in plugins.plugin_infos() if info.distribution == DISTRIBUTION]
-    assert len(infos) >= 19
+    assert len(infos) >= 23
     for info in infos:
         assert (info.status, info.families) == ("loaded", (info.name,)), info
     for name, spec in longtail_families().items():
@@ -121,7 +111,7 @@ def test_hfax_core_names_no_long_tail_model_type():
     # in its source would be a branch or table for one architecture, which belongs in the family's plugin.
     # hfax.testing holds per-architecture test fixtures, which leave the core wheel with issue #45's tests.
     types = sorted({t for spec in longtail_families().values() for t in spec.model_types})
-    assert "prophetnet" in types
+    assert {"prophetnet", "gpt_neo", "recurrent_gemma", "xlm", "flaubert", "whisper"} <= set(types)
     # a model type between non-alphanumerics: "bart", transformers.models.bart, bart_classifier
     pattern = re.compile(
         r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, types)) + r")(?![A-Za-z0-9])"
@@ -144,3 +134,38 @@ def test_hfax_core_names_no_long_tail_model_type():
         if pattern.search(line)
     ]
     assert not found, "hfax-core names long-tail architectures:\n" + "\n".join(found)
+
+
+def on_meta(config, model_class):
+    """A model of ``model_class`` (a transformers class name) for ``config``, on the meta device."""
+    with torch.device("meta"):
+        return getattr(transformers, model_class)(config)
+
+
+def test_generation_traits_of_the_families(fresh_plugins):
+    # What generate learns from the families that hold no patch: GPT-Neo's window, RecurrentGemma's state
+    # outside the cache, XLM's appended token (a causal XLM refused), Whisper's prompt and options.
+    from hfax.generation.shapes import no_static_cache
+    from hfax.generation.traits import Appended, generation_traits
+    from hfax.patches.longtail import whisper
+
+    neo = transformers.GPTNeoConfig(
+        num_layers=2, attention_types=[[["global", "local"], 1]], window_size=40
+    )
+    gpt_neo = on_meta(neo, "GPTNeoForCausalLM")
+    assert no_static_cache(gpt_neo, 32) == "" and "window_size 40" in no_static_cache(gpt_neo, 64)
+    assert "conv1d_state" in no_static_cache(
+        on_meta(transformers.RecurrentGemmaConfig(), "RecurrentGemmaForCausalLM"), 16
+    )
+    xlm = transformers.XLMConfig(mask_token_id=5, lang_id=1)
+    assert generation_traits(on_meta(xlm, "XLMWithLMHeadModel")).appended == Appended(5, 1)
+    with pytest.raises(NotImplementedError, match="XLMWithLMHeadModel with causal=True"):
+        generation_traits(on_meta(transformers.XLMConfig(causal=True), "XLMWithLMHeadModel"))
+    traits = generation_traits(
+        on_meta(transformers.WhisperConfig(), "WhisperForConditionalGeneration")
+    )
+    assert traits.decoder_prompt is whisper.prompt and "language" in traits.options
+    assert "prompt_ids" in traits.refused_options
+    fresh_plugins.setenv("HFAX_BLOCK_PLUGINS", "xlm")
+    plugins.reset_plugins()
+    assert generation_traits(on_meta(xlm, "XLMWithLMHeadModel")).appended is None

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from hfax.patches.longtail import families
-from hfax.patching import Patcher, unpatch
+from hfax.patching import Patcher
 from hfax.testing import (
     bert2bert_config,
     eos_classifier,
@@ -61,12 +61,15 @@ def test_static_loops_give_transformers_logits(family):
     assert_patch_keeps(model, family, input_ids=IDS, attention_mask=MASK)
 
 
-def test_qwen4_exp_decodes_without_a_cache():
+def test_qwen4_exp_decodes_without_a_cache(fresh_plugins):
+    # The family's generation traits say so; blocking the family takes them away.
+    from hfax import plugins
     from hfax.generation.shapes import no_static_cache
 
-    model = patch(tiny(looping_config("qwen4_exp")), "qwen4_exp")
+    model = tiny(looping_config("qwen4_exp"))
     assert "its indexer keeps its keys' positions" in no_static_cache(model, 16)
-    unpatch(model)
+    fresh_plugins.setenv("HFAX_BLOCK_PLUGINS", "qwen4_exp")
+    plugins.reset_plugins()
     assert no_static_cache(model, 16) == ""
 
 

@@ -7,8 +7,9 @@ A plugin is a module (or object) with functions named like the specs below, deco
     myfamily = "hfax_myfamily.plugin"
 
 Hook arguments are passed by name; an implementation may accept any subset of them, as in pluggy.
-The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below; the last,
-``hfax_register_commands``, is asked by the ``hfax`` command line instead.
+The order in which ``hfax.AutoModelForTPU.from_pretrained`` calls them is the order below; the last two
+are asked later: ``hfax_generation_traits`` by ``generate``, ``hfax_register_commands`` by the ``hfax``
+command line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from hfax.checkpoints import Checkpoint
+    from hfax.generation.traits import GenerationTraits
     from hfax.patching import Patcher
     from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
 
@@ -189,6 +191,30 @@ def hfax_compile_step(
         def hfax_compile_step(fn, backend, name, static_argnames, donate_argnames):
             if backend == "jax":
                 return jax.jit(fn, static_argnames=static_argnames, donate_argnames=donate_argnames)
+    """
+
+
+@hookspec
+def hfax_generation_traits(model: Any, config: Any) -> GenerationTraits | None:
+    """Tell ``generate`` what only the family knows about ``model`` (a transformers model, ``config`` its
+    config): a :class:`~hfax.generation.traits.GenerationTraits`, or ``None`` for nothing special.
+
+    Every plugin is asked, at every ``generate`` call (and by ``hfax serve`` before it builds its engine),
+    so answer from the model and its config alone, cheaply, and only for the models the family claims.
+    Core merges the answers (reasons joined, options united; two plugins giving one model different
+    appended tokens or decoder prompts are an error) and acts on them: a refusal is raised before anything
+    compiles, a reason against a static cache makes the model decode without one, a decoder prompt builder
+    replaces the decoder start token. An implementation that raises or returns another type fails the
+    call: generation never runs on a guess.
+
+    Example::
+
+        @hfax.hookimpl
+        def hfax_generation_traits(model, config):
+            from hfax.generation.traits import GenerationTraits
+
+            if config.model_type == "mymodel":
+                return GenerationTraits(no_static_cache="its layers keep their state in module attributes")
     """
 
 

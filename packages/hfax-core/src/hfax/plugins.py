@@ -254,11 +254,12 @@ def hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | None
 def _return_type(hook: str) -> Any:
     """The return annotation of hook spec ``hook``."""
     from hfax import checkpoints, patching, registry
+    from hfax.generation import traits
 
     # Every name the specs import for type checking only (get_type_hints evaluates them all).
     names = {
         name: value
-        for module in (registry, patching, checkpoints)
+        for module in (registry, patching, checkpoints, traits)
         for name, value in vars(module).items()
         if isinstance(value, type)
     }

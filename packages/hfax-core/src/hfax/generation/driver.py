@@ -165,7 +165,7 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
-    if input_ids is None:  # an encoder's features (Whisper): the result takes their array type
+    if input_ids is None:  # an encoder's features (speech): the result takes their array type
         input_ids = options.get(getattr(model.module, "main_input_name", ""))
     kind = outputs.array_kind(input_ids)
     started, (compiles, compile_seconds) = time.perf_counter(), engine.counters()

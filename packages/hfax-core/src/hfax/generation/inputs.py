@@ -6,8 +6,6 @@ the engine runs them through the model once, in prefill (an image's or an audio 
 and the decode loop is the text loop. Three things need more than passing them on, and transformers' own
 methods do them here:
 
-* an encoder-decoder whose encoder reads features (Whisper's ``input_features``) gets its decoder prompt
-  (start, language and task tokens) from transformers' Whisper generation methods;
 * a model with multimodal rotary positions (Qwen2-VL's ``get_rope_index``) gets its prompt's positions and
   each row's offset for the tokens after it computed on the host;
 * an encoder-decoder whose images reach its encoder as embeddings (Florence-2: the encoder takes text
@@ -34,24 +32,6 @@ REFUSED_INPUTS = {
     "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding",
     "decoder_inputs_embeds": "hfax's generate starts from token ids",
     "labels": "generate computes no loss",
-}
-
-#: Whisper's ``generate`` arguments hfax honours, and those it refuses (long-form and timestamp features).
-WHISPER_TAKEN = ("language", "task", "is_multilingual", "return_timestamps")
-WHISPER_REFUSED = {
-    "prompt_ids": "prompting Whisper with previous text is not implemented",
-    "prompt_condition_type": "prompting Whisper with previous text is not implemented",
-    "condition_on_prev_tokens": "long-form transcription is not implemented",
-    "compression_ratio_threshold": "temperature fallback is not implemented",
-    "logprob_threshold": "temperature fallback is not implemented",
-    "no_speech_threshold": "no-speech detection is not implemented",
-    "return_token_timestamps": "token timestamps are not implemented",
-    "return_segments": "long-form transcription is not implemented",
-    "time_precision": "timestamps are not implemented",
-    "time_precision_features": "timestamps are not implemented",
-    "num_segment_frames": "long-form transcription is not implemented",
-    "force_unique_generate_call": "hfax makes one call already",
-    "monitor_progress": "long-form transcription is not implemented",
 }
 
 
@@ -172,109 +152,6 @@ def with_positions(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     mask = arrays.get("attention_mask", np.ones_like(ids))
     found = positions(module, ids, mask, arrays)
     return inputs if found is None else {**inputs, "position_ids": found[0]}
-
-
-def is_whisper(module: Any) -> bool:
-    """Whether ``module`` generates the way transformers' Whisper does (a decoder prompt of special tokens)."""
-    return callable(getattr(module, "_retrieve_init_tokens", None))
-
-
-def whisper_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Take Whisper's own ``generate`` arguments out of ``options``; refuse those hfax does not run."""
-    for name, why in WHISPER_REFUSED.items():
-        if options.pop(name, None) is not None:
-            raise NotImplementedError(f"hfax's generate does not take {name} for Whisper: {why}")
-    return {name: options.pop(name, None) for name in WHISPER_TAKEN}
-
-
-def whisper_prompt(
-    module: Any, config: Any, features: np.ndarray, taken: dict[str, Any]
-) -> np.ndarray:
-    """Whisper's decoder prompt for ``features`` (``[batch, mel bins, frames]``): the start token, then the
-    language and task tokens, as transformers' ``WhisperForConditionalGeneration.generate`` builds them for
-    short-form audio; ``config``'s lengths are set as it sets them."""
-    import torch
-
-    encoder = module.model.encoder
-    stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
-    segment = stride * module.config.max_source_positions
-    if features.ndim != 3 or features.shape[-1] != segment:
-        raise ValueError(
-            f"input_features has shape {features.shape}; this Whisper reads [batch, "
-            f"{module.config.num_mel_bins}, {segment}] (30 s of audio, as its feature extractor pads it). "
-            "Long-form audio (more frames) is not implemented: split it into 30 s windows"
-        )
-    return_timestamps = taken["return_timestamps"]
-    if return_timestamps is None:
-        return_timestamps = getattr(config, "return_timestamps", None)
-    if return_timestamps:
-        raise NotImplementedError(
-            "hfax's generate does not run Whisper with return_timestamps=True (its timestamp logits "
-            "processor branches on Python values); pass return_timestamps=False"
-        )
-    module._set_return_timestamps(
-        return_timestamps=False, is_shortform=True, generation_config=config
-    )
-    module._set_language_and_task(
-        language=taken["language"],
-        task=taken["task"],
-        is_multilingual=taken["is_multilingual"],
-        generation_config=config,
-    )
-    if getattr(config, "language", None) is None and hasattr(config, "lang_to_id"):
-        raise NotImplementedError(
-            "hfax's generate does not detect Whisper's language (transformers runs the model on the CPU "
-            "for it); pass language= (e.g. language='en')"
-        )
-    batch = features.shape[0]
-    init = type(module)._retrieve_init_tokens(
-        _OnCpu(module),
-        torch.from_numpy(features),
-        batch_size=batch,
-        generation_config=config,
-        config=module.config,
-        num_segment_frames=segment,
-        kwargs={},
-    )
-    module._set_max_new_tokens_and_length(
-        config=module.config, decoder_input_ids=init, generation_config=config
-    )
-    return init.numpy().astype(np.int64)
-
-
-class _OnCpu:
-    """``module`` as transformers' Whisper helpers see it, on the CPU: they make their tensors on the module's
-    device, which is the backend's (whose tensors only its runtime makes)."""
-
-    def __init__(self, module: Any) -> None:
-        self._module = module
-
-    @property
-    def device(self) -> Any:
-        import torch
-
-        return torch.device("cpu")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
-
-
-def whisper_result(sequences: np.ndarray, width: int, eos: list[int], pad: int) -> np.ndarray:
-    """Whisper's ``generate`` result from the decoder's sequences: the prompt cut, each row's padding and
-    final EOS cut as transformers cuts them, then rows right-padded with ``pad`` to the longest."""
-    rows = []
-    for row in sequences[:, width:]:
-        if row.size and row[-1] == pad:  # transformers removes as many tokens as the row has pads
-            count = int((row == pad).sum()) - (1 if pad in eos else 0)
-            row = row[: row.size - count] if count else row
-        if row.size and row[-1] in eos:
-            row = row[:-1]
-        rows.append(row)
-    longest = max((row.size for row in rows), default=0)
-    result = np.full((len(rows), longest), pad, np.int64)
-    for index, row in enumerate(rows):
-        result[index, : row.size] = row
-    return result
 
 
 def merges_images(module: Any) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 from hfax.generation import inputs as model_inputs
 from hfax.generation import processors
 from hfax.generation.shapes import as_ids
+from hfax.generation.traits import GenerationTraits, generation_traits
 
 #: Arguments of transformers' ``generate`` that hfax cannot honour inside a compiled loop, with why.
 REFUSED_ARGUMENTS = {
@@ -55,7 +56,8 @@ class Request:
     ``width`` is the length transformers counts as the input (``cur_len`` before the first new token).
     ``steps`` are the logits processors (:mod:`hfax.generation.processors`); ``stop`` transformers'
     ``StopStringCriteria`` (checked on the host) or ``None``. ``finish`` turns the sequences into the
-    model's own result where its ``generate`` differs (Whisper's cuts its prompt).
+    model's own result where its ``generate`` differs (its family's
+    :attr:`~hfax.generation.traits.GenerationTraits.result`).
     """
 
     ids: np.ndarray
@@ -82,6 +84,19 @@ class Request:
     @property
     def rows(self) -> int:
         return self.ids.shape[0]
+
+
+def _family_options(
+    module: Any, traits: GenerationTraits, options: dict[str, Any]
+) -> dict[str, Any]:
+    """Take the ``generate`` arguments of the model's own ``generate`` (its family's traits) out of
+    ``options``; refuse those its family says hfax does not run."""
+    for name, why in traits.refused_options.items():
+        if options.pop(name, None) is not None:
+            raise NotImplementedError(
+                f"hfax's generate does not take {name} for {type(module).__name__}: {why}"
+            )
+    return {name: options.pop(name, None) for name in traits.options}
 
 
 def _refuse_arguments(options: dict[str, Any]) -> None:
@@ -250,7 +265,8 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     seed, rng = options.pop("seed", None), options.pop("rng", None)
     tokenizer = options.pop("tokenizer", None)
     generation_config = options.pop("generation_config", None)
-    whisper = model_inputs.whisper_options(options) if model_inputs.is_whisper(module) else None
+    traits = generation_traits(module)
+    taken = _family_options(module, traits, options)
     _refuse_arguments(options)
     for name in ("max_new_tokens", "max_length", "min_new_tokens", "min_length"):
         _count(name, options.get(name))
@@ -292,15 +308,9 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
     if encoder_decoder:
         source = _encoder_inputs(module, ids if input_ids is not None else None, mask, extra)
         decoder_ids = extra.pop("decoder_input_ids", None)
-        if whisper is not None:
-            decoder_ids = model_inputs.whisper_prompt(
-                module, config, source["input_features"], whisper
-            )
-            has_default["max_length"] = (
-                False  # Whisper's own rule set it (20 new tokens by default)
-            )
-            width = decoder_ids.shape[1]
-            finish = lambda sequences: model_inputs.whisper_result(sequences, width, eos, filler)  # noqa: E731
+        if traits.decoder_prompt is not None:
+            decoder_ids = traits.decoder_prompt(module, config, source, taken)
+            has_default["max_length"] = False  # set by the prompt's builder
         if decoder_ids is None:
             decoder_ids = _start_tokens(module, config, batch)
         ids = as_ids("decoder_input_ids", decoder_ids)
@@ -311,6 +321,9 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
             )
         mask = np.ones_like(ids, dtype=bool)
     width = ids.shape[1]
+    if traits.result is not None:
+        result = traits.result
+        finish = lambda sequences: result(sequences, width, eos, filler)  # noqa: E731
     torch_ids = torch.from_numpy(ids)
     encoder_ids = torch.from_numpy(next(iter(source.values()))) if source else torch_ids
     config = module._prepare_generated_length(
@@ -382,8 +395,8 @@ def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, 
 def _main_input(
     module: Any, input_ids: Any, extra: dict[str, np.ndarray], encoder_decoder: bool
 ) -> Any:
-    """The encoder's main input when it is not ``input_ids`` (Whisper's ``input_features``), else ``None``;
-    an error when the call has neither."""
+    """The encoder's main input when it is not ``input_ids`` (``input_features`` of a speech encoder),
+    else ``None``; an error when the call has neither."""
     name = getattr(module, "main_input_name", "input_ids")
     if input_ids is not None:
         return None

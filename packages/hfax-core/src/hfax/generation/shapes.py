@@ -5,66 +5,18 @@ Backend-neutral: numpy and the model's config only. No torch or jax is imported 
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import warnings
 from typing import Any
 
 import numpy as np
 
+from hfax.generation.traits import generation_traits
+
 #: Prompt lengths and new-token counts are padded to powers of two from here, so few programs serve all.
 MIN_LENGTH_BUCKET = 16
 #: How many tokens a streamer receives at a time (one host sync per chunk).
 STREAM_CHUNK = 8
-
-
-#: Model types whose local-attention layers mask by a fixed table of their own, sliced as if the cache held
-#: exactly the tokens so far (transformers marks them ``_can_compile_fullgraph = False``), and the config
-#: field of that table's window. In a static cache longer than the window their queries would see the wrong
-#: keys, so such calls decode without a cache (:func:`cache_argument`).
-LOCAL_ATTENTION_TABLES = {"gpt_neo": "window_size"}
-
-
-#: Model types whose layers keep decode state in module attributes, outside any cache a compiled loop can
-#: carry: a trace would store its tracers there and the next program read them (an error on a fresh trace,
-#: wrong tokens once a cached program skipped the trace that set them). They decode without a cache.
-MODULE_STATE = {"recurrent_gemma": "conv1d_state and recurrent_states"}
-
-
-#: The model attribute in which a family plugin's patch states why no static cache can hold the model's
-#: decode state (``patcher.setattr(model, NO_STATIC_CACHE, "its indexer reads ...")``): it decodes without
-#: a cache, and the warning gives that reason.
-NO_STATIC_CACHE = "hfax_no_static_cache"
-
-
-#: Model types whose ``prepare_inputs_for_generation`` appends a token (the config field named here) after
-#: the tokens so far at every step and passes no cache: the model re-reads them all, and the appended
-#: token's logits choose the next one (XLM; Flaubert has the same code but no causal class).
-APPENDED_TOKEN = {"xlm": "mask_token_id", "flaubert": "mask_token_id"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Appended:
-    """What every forward of an :data:`APPENDED_TOKEN` model's generate reads after the tokens so far:
-    ``token``, and ``langs`` all ``lang`` (XLM's language embedding; ``None`` passes none)."""
-
-    token: int
-    lang: int | None
-
-
-def appended_token(module: Any) -> Appended | None:
-    """The token ``module``'s generate appends to every forward's input (:data:`APPENDED_TOKEN`), or
-    ``None``. A causal XLM is refused: its attention then masks no padding, and hfax pads prompts."""
-    config = module.config
-    field = APPENDED_TOKEN.get(getattr(config, "model_type", ""))
-    if field is None:
-        return None
-    if getattr(config, "causal", False):
-        raise NotImplementedError(
-            f"{type(module).__name__} with causal=True masks causally but not the padding hfax adds to "
-            "prompts (its attention ignores attention_mask then); run it with transformers' own generate"
-        )
-    return Appended(int(getattr(config, field)), getattr(config, "lang_id", None))
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -137,13 +89,14 @@ def cache_argument(module: Any, length: int = 0) -> str:
     decode state a static cache of ``length`` slots cannot hold (:func:`no_static_cache`), which a warning
     says once: each new token then costs a forward over the whole sequence.
 
-    A model that appends a token at every step (:func:`appended_token`: XLM) re-reads the sequence as
-    transformers' ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems,
-    Reformer's buckets) is refused: measured on their tiny models, re-reading the sequence does not give
-    their tokens (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
+    A model that appends a token at every step (its family's
+    :attr:`~hfax.generation.traits.GenerationTraits.appended`) re-reads the sequence as transformers'
+    ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems, Reformer's
+    buckets) is refused: measured on their tiny models, re-reading the sequence does not give their tokens
+    (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
     from hfax.signatures import cache_parameter
 
-    if appended_token(module) is not None:
+    if generation_traits(module).appended is not None:
         return ""  # it re-reads the sequence, as transformers' generate for it does
     name = cache_parameter(module.forward)
     other = [
@@ -166,21 +119,17 @@ def cache_argument(module: Any, length: int = 0) -> str:
 
 
 def no_static_cache(module: Any, length: int) -> str:
-    """Why no static cache of ``length`` slots can hold ``module``'s decode state; ``""`` when one can."""
-    config = module.config
-    model_type = getattr(config, "model_type", "")
-    if model_type in MODULE_STATE:
-        return f"its recurrent layers keep their state ({MODULE_STATE[model_type]}) in module attributes"
-    declared = getattr(module, NO_STATIC_CACHE, "")
-    if declared:
-        return declared
+    """Why no static cache of ``length`` slots can hold ``module``'s decode state; ``""`` when one can.
+    Its family says why (:class:`~hfax.generation.traits.GenerationTraits`), or transformers does: a model
+    that needs a cache class of its own."""
+    traits = generation_traits(module)
+    if traits.no_static_cache:
+        return traits.no_static_cache
     supports = getattr(type(module), "_supports_default_dynamic_cache", None)
     if supports is not None and not supports():
         return "it needs a cache class of its own, which transformers does not make static"
-    field = LOCAL_ATTENTION_TABLES.get(model_type)
-    window = getattr(config, field, None) if field else None
-    local = "local" in (getattr(config, "attention_layers", None) or ())
-    if window is not None and local and length > window:
+    window = traits.local_attention_window
+    if window is not None and length > window:
         return (
             f"its local attention layers mask by a table that assumes the cache holds exactly the tokens so "
             f"far, right only within its window_size {window}, and this call needs {length} positions (the "

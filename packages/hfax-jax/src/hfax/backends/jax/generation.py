@@ -33,7 +33,8 @@ from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
 from hfax.generation import driver, tokens
 from hfax.generation.inputs import encode
-from hfax.generation.shapes import Appended, accepts, appended_token, cache_argument
+from hfax.generation.shapes import accepts, cache_argument
+from hfax.generation.traits import Appended, generation_traits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -529,7 +530,7 @@ def _static(model: Any, plan: driver.Plan) -> Static:
         encoder_decoder=encoder_decoder,
         constants=_constants(plan),
         blocks=blocks,
-        appended=None if encoder_decoder else appended_token(model.module),
+        appended=None if encoder_decoder else generation_traits(model.module).appended,
     )
 
 

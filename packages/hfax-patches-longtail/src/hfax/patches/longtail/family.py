@@ -3,8 +3,8 @@
 :mod:`hfax.patches.longtail.families` names one per family, and the distribution names each as an entry
 point, so each family is its own plugin: listed by ``hfax plugins``, blocked by
 ``HFAX_BLOCK_PLUGINS=<name>``, with the transformers versions it was tested on. Its code is the module of
-its name, imported only when a model of the family is patched: listing or loading plugins imports
-neither torch nor transformers' models.
+its name, imported only when a model of the family is patched or generates: listing or loading plugins
+imports neither torch nor transformers' models.
 
 A long-tail family claims a model with a priority below a dedicated family plugin's (``hfax.Claim``
 priority 0, what a plain family name means), so a plugin written for one of these architectures outranks
@@ -19,6 +19,7 @@ import importlib
 from typing import Any
 
 from hfax import Claim, FamilySpec, hookimpl
+from hfax.generation.traits import GenerationTraits
 
 #: The transformers versions the long-tail families were tested with; outside them hfax warns (strict:
 #: raises).
@@ -53,11 +54,18 @@ def model_types(config: Any) -> set[str]:
 class LongTailFamily:
     """One family's hooks: ``name`` claims ``types`` (the top-level ``model_type``), and on every model
     that holds one of them, on every backend, binds the ``PATCHES`` of module
-    ``hfax.patches.longtail.<name>`` (``{class name: (method, replacement)}``) and calls its
-    ``patch_model(model, patcher)`` where it has one."""
+    ``hfax.patches.longtail.<name>`` (``{class name: (method, replacement)}``) where it has them and calls
+    its ``patch_model(model, patcher)`` where it has one; ``generate`` asks the same models' traits of its
+    ``generation_traits(model, config)`` where it has one."""
 
     def __init__(self, name: str, types: tuple[str, ...]) -> None:
         self.name, self.types = name, types
+
+    def _code(self, config: Any) -> Any:
+        """The family's module when ``config`` holds one of its model types, else ``None``."""
+        if config is None or not model_types(config) & set(self.types):
+            return None
+        return importlib.import_module(f"hfax.patches.longtail.{self.name}")
 
     @hookimpl
     def hfax_families(self) -> list[FamilySpec]:
@@ -71,11 +79,17 @@ class LongTailFamily:
 
     @hookimpl
     def hfax_patch_model(self, model: Any, patcher: Any) -> None:
-        config = getattr(model, "config", None)
-        if config is None or not model_types(config) & set(self.types):
+        module = self._code(getattr(model, "config", None))
+        if module is None:
             return
-        module = importlib.import_module(f"hfax.patches.longtail.{self.name}")
-        patcher.bind_by_class(model, module.PATCHES)
+        if getattr(module, "PATCHES", None):
+            patcher.bind_by_class(model, module.PATCHES)
         patch_model = getattr(module, "patch_model", None)
         if patch_model is not None:
             patch_model(model, patcher)
+
+    @hookimpl
+    def hfax_generation_traits(self, model: Any, config: Any) -> GenerationTraits | None:
+        module = self._code(config)
+        traits = getattr(module, "generation_traits", None)
+        return None if traits is None else traits(model, config)

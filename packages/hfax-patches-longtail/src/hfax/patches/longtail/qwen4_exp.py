@@ -11,8 +11,8 @@ decodes without a cache, not for long ones.
 
 Its cache keeps the keys' positions beside them, and the indexer reads the fed tokens' positions from the
 end of those (``indexer_position_ids``): a slot cache writes each token at its slot, not at the end. So the
-family's patch tells hfax's generate to decode these models without a cache
-(:data:`hfax.generation.shapes.NO_STATIC_CACHE`).
+family tells hfax's generate to decode these models without a cache
+(:attr:`hfax.generation.traits.GenerationTraits.no_static_cache`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hfax.generation.shapes import NO_STATIC_CACHE
+from hfax.generation.traits import GenerationTraits
 
 
 def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any,
@@ -78,8 +78,7 @@ def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, at
 PATCHES = {"Qwen4ExpTextQSAIndexer": ("forward", qwen4_exp_blocks)}
 
 
-def patch_model(model: Any, patcher: Any) -> None:
-    """What the family changes beside :data:`PATCHES`: ``model`` decodes without a cache (see the
-    module's docstring)."""
+def generation_traits(model: Any, config: Any) -> GenerationTraits:
+    """``model`` decodes without a cache (see the module's docstring)."""
     reason = "its indexer keeps its keys' positions in the cache and reads the new tokens' from their end"
-    patcher.setattr(model, NO_STATIC_CACHE, reason)
+    return GenerationTraits(no_static_cache=reason)

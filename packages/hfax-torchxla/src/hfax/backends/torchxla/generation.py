@@ -47,6 +47,7 @@ from hfax.backends.torchxla import linear, runtime
 from hfax.generation import driver, shapes, tokens
 from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import STREAM_CHUNK, accepts
+from hfax.generation.traits import Appended, generation_traits
 
 #: XLA programs a process may compile before generate stops adding buckets (see the module docstring).
 DEFAULT_COMPILE_BUDGET = 48
@@ -128,7 +129,7 @@ class Static:
     attends: bool = (
         True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
     )
-    appended: shapes.Appended | None = None  # XLM: a token after the tokens so far at every step
+    appended: Appended | None = None  # XLM: a token after the tokens so far at every step
 
 
 #: Seconds spent tracing new buckets' decode steps in this process (XLA's compile time excluded).
@@ -467,7 +468,7 @@ class TorchXlaEngine:
             encoder_decoder=plan.source is not None,
             cache_argument=cache_argument,
             attends=_attends(model.config),
-            appended=None if plan.source is not None else shapes.appended_token(model.module),
+            appended=None if plan.source is not None else generation_traits(model.module).appended,
         )
         static = _STATICS.setdefault(static, static)
         device = runtime.device()

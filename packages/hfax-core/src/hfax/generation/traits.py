@@ -1,0 +1,119 @@
+"""What generation needs to know about a model that only its family knows: :class:`GenerationTraits`.
+
+A family plugin answers the ``hfax_generation_traits`` hook for the models it claims (a reason no static
+cache can hold their decode state, a local-attention window, a token appended to every forward's input,
+a decoder prompt built from special tokens, the ``generate`` options their own ``generate`` takes);
+:func:`generation_traits` merges every plugin's answer, and the generation core acts on the result
+without naming any architecture. Importing this module imports neither torch nor jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Appended:
+    """What every forward of a model's ``generate`` reads after the tokens so far: ``token``, and a
+    ``langs`` input of ``lang`` at every position (``None`` passes none)."""
+
+    token: int
+    lang: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationTraits:
+    """What a family tells generation about one model; every field's default means "nothing special".
+
+    ``refused``
+        why hfax's ``generate`` cannot run the model, naming the fix: it raises ``NotImplementedError``
+        with this text before anything compiles.
+    ``no_static_cache``
+        why no static cache can hold the model's decode state (state kept in module attributes, positions
+        a slot cache does not keep): it decodes without a cache, re-reading the sequence at every step,
+        and a warning gives this reason.
+    ``local_attention_window``
+        the window of local-attention layers that mask by a table of their own, sliced as if the cache
+        held exactly the tokens so far: a call needing more positions than this decodes without a cache.
+    ``appended``
+        the token read after the tokens so far at every forward (:class:`Appended`): the model then takes
+        no cache and re-reads the sequence at every step, as transformers' ``generate`` for it does.
+    ``options``
+        ``generate`` keyword arguments the model's own ``generate`` takes besides transformers' settings;
+        their values (``None`` when not given) go to ``decoder_prompt``.
+    ``refused_options``
+        ``generate`` keyword arguments refused when given (not ``None``), with why.
+    ``decoder_prompt``
+        ``decoder_prompt(module, generation_config, source, options) -> ids``: an encoder-decoder's decoder
+        prompt (``[batch, length]`` integers) built from special tokens, given the encoder's inputs by name
+        (numpy) and the ``options`` taken. It settles the generated length in ``generation_config`` as the
+        model's own ``generate`` does, so hfax adds no default length of its own.
+    ``result``
+        ``result(sequences, width, eos, pad) -> ids``: the model's own ``generate`` result from the
+        sequences (``width``: the prompt's length), where it differs from transformers' plain one.
+    """
+
+    refused: str = ""
+    no_static_cache: str = ""
+    local_attention_window: int | None = None
+    appended: Appended | None = None
+    options: tuple[str, ...] = ()
+    refused_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    decoder_prompt: Callable[..., Any] | None = None
+    result: Callable[..., Any] | None = None
+
+
+#: Traits a model has at most one of: two plugins giving different ones conflict.
+SINGLE = ("appended", "decoder_prompt", "result")
+
+
+def merged(answers: list[tuple[str, GenerationTraits]]) -> GenerationTraits:
+    """One model's traits from ``(plugin, answer)`` pairs: reasons joined, options and refused options
+    united, the smallest local-attention window, and each trait of :data:`SINGLE` from the one plugin
+    that gives it (different ones from two plugins are an error naming both)."""
+    from hfax.plugins import PluginConflictError
+
+    traits = [answer for _, answer in answers]
+    single: dict[str, Any] = {}
+    for name in SINGLE:
+        given = {
+            plugin: getattr(answer, name)
+            for plugin, answer in answers
+            if getattr(answer, name) is not None
+        }
+        values = list(given.values())
+        if any(value != values[0] for value in values[1:]):
+            raise PluginConflictError(
+                f"plugins {sorted(given)} give one model different generation traits {name!r}; block "
+                "one with HFAX_BLOCK_PLUGINS=<plugin>"
+            )
+        single[name] = values[0] if values else None
+    windows = [t.local_attention_window for t in traits if t.local_attention_window is not None]
+    return GenerationTraits(
+        refused="; ".join(t.refused for t in traits if t.refused),
+        no_static_cache="; ".join(t.no_static_cache for t in traits if t.no_static_cache),
+        local_attention_window=min(windows, default=None),
+        options=tuple(dict.fromkeys(name for t in traits for name in t.options)),
+        refused_options={name: why for t in traits for name, why in t.refused_options.items()},
+        **single,
+    )
+
+
+def generation_traits(module: Any) -> GenerationTraits:
+    """What every plugin's ``hfax_generation_traits`` says about ``module`` (a transformers model),
+    merged (:func:`merged`); raises the model's refusal (``NotImplementedError``) where a plugin gives
+    one."""
+    from hfax import plugins
+
+    hook = plugins.get_plugin_manager().hook.hfax_generation_traits
+    arguments = {"model": module, "config": module.config}
+    answers: list[tuple[str, GenerationTraits]] = []
+    for impl in hook.get_hookimpls():  # in the order plugins were registered
+        answer = impl.function(*[arguments[name] for name in impl.argnames])
+        if answer is not None:
+            answers.append((impl.plugin_name, answer))
+    traits = merged(answers)
+    if traits.refused:
+        raise NotImplementedError(traits.refused)
+    return traits
