@@ -61,12 +61,14 @@ class TraitsPlugin:
 
 
 class TraitedModel:
-    """What generation reads of a transformers model here: its config and its forward's parameters."""
+    """What generation reads of a transformers model here: its config and its forward's parameters, the
+    cache annotated with a ``Cache`` class as transformers' forwards annotate it (so found without torch,
+    where the installed release's own name for it cannot be read)."""
 
     def __init__(self, model_type="traited"):
         self.config = SimpleNamespace(model_type=model_type)
 
-    def forward(self, input_ids, attention_mask=None, past_key_values=None, cache=None):
+    def forward(self, input_ids, attention_mask=None, cache: Cache | None = None):  # noqa: F821
         raise AssertionError("generation's decisions do not run the model")
 
 
@@ -75,8 +77,8 @@ def test_a_family_trait_decides_how_generate_decodes():
     # makes the model decode without one (warning why), a refusal stops it, and models it does not
     # describe are left alone.
     model, other = TraitedModel(), TraitedModel("plain")
-    cache = generation.cache_argument(model, 64)  # the installed transformers' name for it
-    assert cache in ("past_key_values", "cache")
+    cache = generation.cache_argument(model, 64)
+    assert cache == "cache"
     hfax.register(TraitsPlugin(GenerationTraits(no_static_cache="its state lives elsewhere")), "a")
     with pytest.warns(UserWarning, match="decodes without a cache: its state lives elsewhere"):
         assert generation.cache_argument(model, 64) == ""
