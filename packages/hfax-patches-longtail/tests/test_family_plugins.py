@@ -15,7 +15,7 @@ import hfax
 from hfax import plugins
 from hfax.patches.longtail.family import model_types
 from hfax.patching import Patcher
-from hfax.testing import bert2bert_config, prophetnet_config
+from hfax.testing import bert2bert_config, prophetnet_config, reformer_config
 
 DISTRIBUTION = "hfax-patches-longtail"
 
@@ -77,14 +77,6 @@ def patched(config, auto="AutoModelForCausalLM"):
         model=model, family=hfax.detect_family(config), backend="none", patcher=Patcher(model)
     )
     return model
-
-
-def reformer_config():
-    return transformers.ReformerConfig(
-        hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
-        vocab_size=128, attn_layers=["local", "local"], axial_pos_embds_dim=[32, 32],
-        axial_pos_shape=[8, 8], max_position_embeddings=64, is_decoder=True,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("blocked", [None, "prophetnet", "hfax-patches-longtail:prophetnet"])

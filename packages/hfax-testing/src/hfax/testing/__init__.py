@@ -18,7 +18,7 @@ fixture; every name is also importable from ``hfax.testing`` itself::
 Importing it imports neither torch nor jax: the helpers that need torch import it when they run.
 """
 
-from hfax.testing.batches import left_padded, multimodal_inputs
+from hfax.testing.batches import left_padded, multimodal_inputs, right_padded
 from hfax.testing.cases import eager_experts_batch, eos_classifier, longformer_batch, reformer_batch
 from hfax.testing.checkpoints import (
     TINY_WORDS,
@@ -37,7 +37,9 @@ from hfax.testing.configs import (
     fsmt_config,
     led_config,
     looping_config,
+    mask_config,
     prophetnet_config,
+    reformer_config,
     switch_config,
     tiny_config,
     tiny_multimodal_config,
@@ -72,12 +74,15 @@ __all__ = [
     "left_padded",
     "longformer_batch",
     "looping_config",
+    "mask_config",
     "mapped_resident_bytes",
     "multimodal_inputs",
     "prophetnet_config",
     "reference_forward",
     "reference_generate",
+    "right_padded",
     "reformer_batch",
+    "reformer_config",
     "save_tiny",
     "save_tiny_tokenizer",
     "shrunk_config",

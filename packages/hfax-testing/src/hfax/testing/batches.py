@@ -18,6 +18,17 @@ def left_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.nda
     return ids, mask
 
 
+def right_padded(prompts: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists as one right-padded ``(input_ids, attention_mask)`` batch, as seq2seq tokenizers pad
+    their sources."""
+    width = max(map(len, prompts))
+    ids = np.full((len(prompts), width), pad_token_id, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)], mask[row, : len(prompt)] = prompt, 1
+    return ids, mask
+
+
 def multimodal_inputs(name: str, seed: int = 0, batch: int = 2) -> dict[str, np.ndarray]:
     """What the processor of :func:`tiny_multimodal_config` ``name`` returns for up to two prompts with
     one image each (Whisper: audio features): image tokens expanded in ``input_ids``, left padding, and the

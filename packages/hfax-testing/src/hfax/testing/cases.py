@@ -11,6 +11,7 @@ import numpy as np
 
 from hfax.testing.batches import left_padded
 from hfax.testing.checkpoints import save_tiny
+from hfax.testing.configs import reformer_config
 from hfax.testing.references import reference_forward
 
 
@@ -38,15 +39,7 @@ def reformer_batch(directory: str | Path) -> tuple[np.ndarray, dict[str, np.ndar
     """A tiny Reformer language model saved to ``directory`` whose 8 x 8 grid of axial positions is longer
     than its prompts (transformers cuts the grid to the rows the prompts reach), and a left-padded batch:
     transformers' logits for it, the inputs, and the mask of real tokens."""
-    import transformers
-
-    config = transformers.ReformerConfig(
-        hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
-        vocab_size=128, attn_layers=["local", "local"], local_attn_chunk_length=4,
-        axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 8], max_position_embeddings=64,
-        is_decoder=True, pad_token_id=0,
-    )  # fmt: skip
-    reference = save_tiny(config, directory, "AutoModelForCausalLM", spread=True)
+    reference = save_tiny(reformer_config(), directory, "AutoModelForCausalLM", spread=True)
     ids, mask = left_padded([list(range(5, 17)), list(range(30, 37))])
     inputs = {"input_ids": ids, "attention_mask": mask}
     expected = reference_forward(reference, **inputs).logits.float().numpy()

@@ -240,6 +240,37 @@ def prophetnet_config() -> Any:
     )  # fmt: skip
 
 
+def reformer_config() -> Any:
+    """A tiny ``ReformerConfig`` of two local-attention layers (chunks of 4 tokens) whose 8 x 8 grid of axial
+    positions is longer than the prompts the tests give it."""
+    import transformers
+
+    return transformers.ReformerConfig(
+        hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
+        vocab_size=128, attn_layers=["local", "local"], local_attn_chunk_length=4,
+        axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 8], max_position_embeddings=64,
+        is_decoder=True, pad_token_id=0,
+    )  # fmt: skip
+
+
+def mask_config(name: str) -> Any:
+    """A tiny config of a model whose attention mask hfax builds apart from transformers' ``masking_utils``:
+    ``"bloom"`` (ALiBi biases from the 2-D mask, which it must get as long as its keys) or ``"llama4"``
+    (chunked layers that see only their chunk of 4 positions, then a full layer)."""
+    import transformers
+
+    configs = {
+        "bloom": lambda: transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4),
+        "llama4": lambda: transformers.Llama4TextConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            attention_chunk_size=4, num_local_experts=2,
+            layer_types=["chunked_attention", "full_attention"], no_rope_layers=[1, 0], moe_layers=[],
+        ),
+    }  # fmt: skip
+    return configs[name]()
+
+
 def switch_config(pad_token_id: int) -> Any:
     """A tiny ``SwitchTransformersConfig``: 4 experts in every layer, each taking at most 3 tokens of a
     sequence; start token ``pad_token_id``, end token 1."""
