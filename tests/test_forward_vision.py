@@ -90,10 +90,11 @@ def sweep_image_text_model(name: str, directory: Any) -> tuple[Any, dict[str, to
     if tools not in sys.path:
         sys.path.insert(0, tools)
     import coverage_checks
-    import tiny_configs
+
+    from hfax.testing import shrunk_config
 
     model_class, config_class = coverage_checks.model_classes("image_text_to_text", name)
-    config = tiny_configs.tiny_config(name, config_class=config_class)
+    config = shrunk_config(name, config_class=config_class)
     reference = coverage_checks._saved(model_class, config, str(directory))
     ids, mask, _ = coverage_checks.prompt_ids(reference.config)
     return reference, coverage_checks._image_text_inputs(reference, ids, mask)

@@ -21,6 +21,7 @@ MODULES = {
     "hfax-patches-llama": "hfax.patches.llama",
     "hfax-patches-gemma": "hfax.patches.gemma",
     "hfax-serve": "hfax.serve",
+    "hfax-testing": "hfax.testing",
 }
 
 

@@ -12,7 +12,7 @@ classification by default; ``--kinds all`` adds masked LM, token classification,
 image-text-to-text, image classification, vision encoders, zero-shot image classification, speech
 sequence-to-sequence, CTC and audio classification. The torch_xla column comes from a run in the torch_xla
 venv with ``--merge`` (``nox -s coverage_torchxla``). Each runs in a worker process with a time limit, so a hang or a crash costs one row; the
-checks themselves are in ``coverage_checks.py`` and the tiny configs in ``tiny_configs.py``.
+checks themselves are in ``coverage_checks.py``; the tiny configs are ``hfax.testing.shrink``'s (hfax-testing).
 
 The matrix in ``docs/`` is this script's output and nothing else. ``coverage.json`` also keeps a floor per
 check, which a run only raises: ``tests/test_coverage.py`` fails when fewer architectures pass than that.
@@ -563,7 +563,7 @@ def render(document: dict[str, Any]) -> str:
             for name, why in sorted(document.get("unavailable", {}).items())
         ],
         "Every architecture of transformers' auto mappings, as a tiny random model (hidden size 64, 2 layers, 4 "
-        "heads, 2 KV heads, vocabulary 256; `tools/tiny_configs.py`), saved and loaded with `from_pretrained`, "
+        "heads, 2 KV heads, vocabulary 256; `hfax.testing.shrink`), saved and loaded with `from_pretrained`, "
         "float32. Each check compares hfax with the same weights run by PyTorch on CPU:",
         "",
         "- **reference**: transformers itself builds and runs the model (forward and `generate`).",

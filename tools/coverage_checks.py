@@ -29,11 +29,10 @@ import traceback
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import tiny_configs
 import torch
 import transformers
 
-from hfax.testing import as_numpy, spread_weights
+from hfax.testing import as_numpy, shrink, spread_weights
 
 TOLERANCE = 1e-4
 NEW_TOKENS = 12
@@ -135,13 +134,13 @@ def model_classes(kind: str, model_type: str) -> tuple[Any, Any]:
 def prompt_ids(config: Any, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Token ids avoiding the special tokens, the second row left-padded; with the attention mask and pad id."""
     text = config.get_text_config(decoder=True)
-    vocab = getattr(text, "vocab_size", None) or tiny_configs.VOCAB
+    vocab = getattr(text, "vocab_size", None) or shrink.VOCAB
     special = set()
     for source in (config, text):
         for key, value in source.to_dict().items():
             if key.endswith(("_token_id", "_token_index", "_token_ids")):
                 special.update(value if isinstance(value, list) else [value])
-    choices = np.array([t for t in range(3, min(vocab, tiny_configs.VOCAB)) if t not in special])
+    choices = np.array([t for t in range(3, min(vocab, shrink.VOCAB)) if t not in special])
     rng = np.random.default_rng(0)
     ids = torch.tensor(rng.choice(choices, size=(batch, PROMPT)), dtype=torch.long)
     mask = torch.ones_like(ids)
@@ -270,7 +269,7 @@ def _saved(model_class: Any, config: Any, directory: str) -> Any:
 def _reference(kind: str, model_type: str, directory: str) -> dict[str, Any]:
     """Build, save and reload the tiny model in PyTorch and record what it computes."""
     model_class, config_class = model_classes(kind, model_type)
-    config = tiny_configs.tiny_config(model_type, config_class=config_class)
+    config = shrink.shrunk_config(model_type, config_class=config_class)
     _as_used(kind, config)
     expected = {"image_text_to_text": "input_ids", **dict.fromkeys(IMAGE_KINDS, "pixel_values")}
     expected["zero_shot_image_classification"] = "input_ids"  # CLIP-like: text is the main input
@@ -498,7 +497,7 @@ def _as_used(kind: str, config: Any) -> None:
     if kind in ("classification", "token_classification", "audio_classification"):
         config.num_labels = 3
     if kind == "ctc" and getattr(config, "vocab_size", None) is None:
-        config.vocab_size = tiny_configs.VOCAB  # a CTC checkpoint sets its alphabet's size
+        config.vocab_size = shrink.VOCAB  # a CTC checkpoint sets its alphabet's size
     text = config.get_text_config(decoder=True)
     if kind == "classification" and getattr(text, "pad_token_id", None) is None:
         config.pad_token_id = text.pad_token_id = pad_token_id(

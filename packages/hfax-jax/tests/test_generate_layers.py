@@ -18,6 +18,7 @@ from hfax.testing import (
     eager_experts_batch,
     left_padded,
     looping_config,
+    mask_config,
     prophetnet_config,
     reference_generate,
     save_tiny,
@@ -43,7 +44,7 @@ def assert_generates_like_transformers(config: Any, directory, **options: Any) -
 
 def test_model_reading_the_2d_mask_itself(tmp_path):
     # BLOOM builds ALiBi biases from the 2-D mask: it must get one as long as its keys, not a 4-D mask.
-    config = transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+    config = mask_config("bloom")
     assert_generates_like_transformers(config, tmp_path)
 
 
@@ -66,21 +67,7 @@ def test_sliding_and_full_layers(tmp_path, window):
 def test_chunked_and_full_layers(tmp_path):
     # Llama 4: chunked layers see only their chunk of 4 positions (counted from each row's first real token,
     # so a left-padded row keeps its chunks); the full layer sees everything.
-    config = transformers.Llama4TextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        intermediate_size_mlp=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        attention_chunk_size=4,
-        num_local_experts=2,
-        layer_types=["chunked_attention", "full_attention"],
-        no_rope_layers=[1, 0],
-        moe_layers=[],
-    )
+    config = mask_config("llama4")
     assert_generates_like_transformers(config, tmp_path)
 
 

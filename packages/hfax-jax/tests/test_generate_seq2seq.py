@@ -16,6 +16,7 @@ from hfax.testing import (
     fsmt_config,
     led_config,
     reference_generate,
+    right_padded,
     save_tiny,
     switch_config,
 )
@@ -90,16 +91,6 @@ CONFIGS = {
 }
 
 
-def right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """A source batch padded on the right, as seq2seq tokenizers pad."""
-    width = max(map(len, rows))
-    ids = np.full((len(rows), width), PAD, np.int64)
-    mask = np.zeros((len(rows), width), np.int64)
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
-    return ids, mask
-
-
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     directory = tmp_path_factory.mktemp(request.param)
@@ -109,7 +100,7 @@ def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any,
 
 def test_greedy_matches_transformers(models):
     reference, model = models
-    ids, mask = right_padded(SOURCES)
+    ids, mask = right_padded(SOURCES, PAD)
     expected = reference_generate(reference, ids, mask, max_new_tokens=NEW_TOKENS)
     actual = np.asarray(model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS))
     assert actual.shape == (
@@ -121,7 +112,7 @@ def test_greedy_matches_transformers(models):
 
 def test_each_source_alone_gives_its_row_of_the_batch(models):
     _, model = models
-    ids, mask = right_padded(SOURCES)
+    ids, mask = right_padded(SOURCES, PAD)
     batch = np.asarray(model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS))
     for row, source in enumerate(SOURCES):
         alone = np.asarray(model.generate(np.array([source]), max_new_tokens=NEW_TOKENS))

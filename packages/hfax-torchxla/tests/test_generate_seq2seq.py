@@ -13,21 +13,11 @@ import transformers
 
 import hfax
 from hfax.backends.torchxla import runtime
-from hfax.testing import assert_same_continuation, reference_generate, save_tiny
+from hfax.testing import assert_same_continuation, reference_generate, right_padded, save_tiny
 
 SOURCES = [[5, 17, 33, 9, 41, 8, 22], [12, 50, 7, 31]]
 NEW_TOKENS = 9
 PAD = 0
-
-
-def right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """A source batch padded on the right, as seq2seq tokenizers pad."""
-    width = max(map(len, rows))
-    ids = np.full((len(rows), width), PAD, np.int64)
-    mask = np.zeros((len(rows), width), np.int64)
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
-    return ids, mask
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +43,13 @@ def growing_cache() -> transformers.EncoderDecoderCache:
 
 def test_greedy_matches_transformers_then_a_new_source_compiles_nothing(t5):
     reference, model = t5
-    ids, mask = right_padded(SOURCES)
+    ids, mask = right_padded(SOURCES, PAD)
     expected = reference_generate(
         reference, ids, mask, max_new_tokens=NEW_TOKENS, past_key_values=growing_cache()
     )
     actual = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     assert_same_continuation(expected, actual, pad_token_id=PAD)
-    other, other_mask = right_padded([[9, 3, 60, 2, 44, 18, 7], [30, 31, 32, 33, 34]])
+    other, other_mask = right_padded([[9, 3, 60, 2, 44, 18, 7], [30, 31, 32, 33, 34]], PAD)
     before = runtime.counters()
     actual = model.generate(other, attention_mask=other_mask, max_new_tokens=NEW_TOKENS)
     assert (runtime.counters() - before).compiles == 0
@@ -72,7 +62,7 @@ def test_greedy_matches_transformers_then_a_new_source_compiles_nothing(t5):
 def test_beam_search_matches_transformers(t5):
     # Beams reorder the self-attention cache; the cross-attention cache is the same for a prompt's beams.
     reference, model = t5
-    ids, mask = right_padded(SOURCES)
+    ids, mask = right_padded(SOURCES, PAD)
     options = dict(max_new_tokens=NEW_TOKENS, num_beams=3, num_return_sequences=2)
     expected = reference_generate(reference, ids, mask, **options, past_key_values=growing_cache())
     np.testing.assert_array_equal(

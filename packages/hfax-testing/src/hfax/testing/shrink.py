@@ -1,6 +1,6 @@
-"""Tiny random configs for any transformers architecture, shrunk generically from the config class's defaults.
+"""Tiny configs of any transformers architecture, shrunk generically from the config class's defaults.
 
-A config's defaults describe a real checkpoint (billions of parameters). ``tiny_config`` turns them into a
+A config's defaults describe a real checkpoint (billions of parameters). ``shrunk_config`` turns them into a
 model of ~100k parameters: every size is looked up by its key name in ``SIZES`` (hidden 64, 2 layers, 4
 heads, 2 kv heads, ...), per-layer lists are cut to the kept layers (choosing layers of different types
 where the model mixes them), token ids are moved into the small vocabulary, and sub-configs (text, vision,
@@ -293,7 +293,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def tiny_config(
+def shrunk_config(
     model_type: str, config_class: type | None = None, **extra: Any
 ) -> transformers.PretrainedConfig:
     """A tiny config of ``model_type`` (a key of ``transformers.CONFIG_MAPPING``).
