@@ -18,7 +18,7 @@ import numpy as np
 
 from hfax.generation.rows import Sampling
 from hfax.generation.slots import SlotEngine
-from hfax.registry import Backend
+from hfax.specs import Backend
 
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
 #: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
