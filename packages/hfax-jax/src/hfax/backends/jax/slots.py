@@ -77,7 +77,7 @@ def check_servable(model: Any, length: int) -> None:
             f"hfax serve runs models whose layers are all attention; {name} has {sorted(kinds)} layers "
             "(use model.generate for it)"
         )
-    if masks.plan(model.config, model.module).two_d:
+    if masks.form(model.config, model.module).two_d:
         raise NotImplementedError(
             f"{name} builds its own attention masks, which hfax serve cannot give per row"
         )
@@ -89,7 +89,7 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
             steps=(), do_sample=False, num_beams=1, prompt=prompt, capacity=chunk
         ),
         layer_types=slot_cache.layer_types(model.config),
-        mask_plan=masks.plan(model.config, model.module),
+        mask_form=masks.form(model.config, model.module),
         cache_argument=cache_argument(model.module),
         pass_positions=True,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
