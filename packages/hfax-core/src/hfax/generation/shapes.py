@@ -92,8 +92,9 @@ def cache_argument(module: Any, length: int = 0) -> str:
     A model that appends a token at every step (its family's
     :attr:`~hfax.generation.traits.GenerationTraits.appended`) re-reads the sequence as transformers'
     ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems, Reformer's
-    buckets) is refused: measured on their tiny models, re-reading the sequence does not give their tokens
-    (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
+    buckets) is refused: re-reading the sequence does not give their tokens (nor DeepSeek V4's, whose
+    compressed layers the backends refuse). Tested by ``test_a_cache_of_another_kind_is_refused``
+    (packages/hfax-jax/tests/test_generate_layers.py)."""
     from hfax.signatures import cache_parameter
 
     if generation_traits(module).appended is not None:

@@ -22,8 +22,8 @@ from hfax.specs import Backend
 
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
 #: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
-#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels from about
-#: 2 steps on (benchmarks/serve.py).
+#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels in short
+#: chunks (``benchmarks/serve.py`` measures it; docs/PERFORMANCE.md, "Serving").
 CHUNK = 4
 
 

@@ -108,8 +108,9 @@ class SlotStatic:
 
 def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
     """How the engine holds its weights and cache: as ``generate``'s decode loops do
-    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: in the slot loop
-    it measured slower on CPU (the busy-row counts vary), and it would add those weights' memory."""
+    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: on CPU the slot
+    loop runs slower with it (its busy rows vary from chunk to chunk), and it would add those weights'
+    memory."""
     static = _static(model, 0, 1)
     layout = decode_layout.choose(
         model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=0

@@ -23,8 +23,8 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
   leaves the token state as it is, so the state read back is the one the core's loop condition stops at.
 * On CPU, a batched call of :data:`linear.TRANSPOSE_FROM_STEPS` new tokens or more multiplies by an
   ``[in, out]`` copy of every ``nn.Linear`` weight, made once per call (:mod:`hfax.backends.torchxla.linear`).
-* Compiled programs cost host memory that is never given back (on CPU, each maps its code: about 70
-  programs of the 134M model exhaust ``vm.max_map_count`` and the process dies in LLVM). A process-wide
+* Compiled programs cost host memory that is never given back (on CPU, each maps its code, and enough of
+  them exhaust ``vm.max_map_count``: the process dies in LLVM; the package README has the count). A process-wide
   compile budget (``HFAX_TORCHXLA_COMPILE_BUDGET`` programs) bounds them: past it, a request runs in the
   smallest bucket already compiled that holds it, or fails with an error that says so.
 """
