@@ -200,8 +200,13 @@ def block_ids(module: Any) -> Any:
     return getattr(namespace, "get_block_sequence_ids_for_mask", None)
 
 
-def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any,
-          blocks: Any = None) -> Any:  # fmt: skip
+def build(
+    spans: dict[str, Span | int | None],
+    valid: Any,
+    query_slots: Any,
+    dtype: Any,
+    blocks: Any = None,
+) -> Any:
     """Additive masks (booleans for ``dtype`` ``None``) for a forward whose queries sit at
     ``query_slots`` (shape ``[q]``).
 

@@ -143,9 +143,12 @@ def _padded_source(request: settings.Request, multiple: int, rows: int) -> dict[
     source = dict(request.source)
     if "input_ids" in source:
         text, text_mask = pad_prompts(
-            source["input_ids"], source["attention_mask"].astype(bool), request.filler, multiple,
+            source["input_ids"],
+            source["attention_mask"].astype(bool),
+            request.filler,
+            multiple,
             left=False,
-        )  # fmt: skip
+        )
         source["input_ids"], source["attention_mask"] = text, text_mask.astype(np.int32)
     for name, value in source.items():
         if value.shape[0] < rows:
@@ -160,8 +163,15 @@ def _left_padded(value: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return padded
 
 
-def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = None, *,
-             streamer: Any = None, **options: Any) -> Any:  # fmt: skip
+def generate(
+    model: Any,
+    engine: Engine,
+    input_ids: Any,
+    attention_mask: Any = None,
+    *,
+    streamer: Any = None,
+    **options: Any,
+) -> Any:
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
@@ -193,9 +203,14 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
     if request.finish is not None and not config.return_dict_in_generate:
         sequences = request.finish(sequences)
     return outputs.assemble(
-        sequences, kind, input_ids, request.source is not None, request.num_beams > 1,
-        bool(config.return_dict_in_generate), extras,
-    )  # fmt: skip
+        sequences,
+        kind,
+        input_ids,
+        request.source is not None,
+        request.num_beams > 1,
+        bool(config.return_dict_in_generate),
+        extras,
+    )
 
 
 def _run(
@@ -259,8 +274,9 @@ def _eos_ends(new: np.ndarray, eos: list[int], start: int) -> np.ndarray:
     return ends
 
 
-def _stop_string_ends(request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int,
-                      ends: np.ndarray) -> np.ndarray | None:  # fmt: skip
+def _stop_string_ends(
+    request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int, ends: np.ndarray
+) -> np.ndarray | None:
     """Per row, one past the new token that completes a stop string (transformers' own
     ``StopStringCriteria`` asked at every new position), for rows still running."""
     if request.stop is None:

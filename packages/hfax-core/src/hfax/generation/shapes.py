@@ -49,8 +49,15 @@ def as_ids(name: str, value: Any) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1, *,
-                length: int | None = None, left: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def pad_prompts(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    pad_token_id: int,
+    row_multiple: int = 1,
+    *,
+    length: int | None = None,
+    left: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
     """Pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to ``length`` or
     else a power-of-two multiple of :data:`MIN_LENGTH_BUCKET`, on the left (or the right: an encoder's input,
     whose positions count from its first token). Filler rows repeat row 0 and are discarded after."""

@@ -58,8 +58,19 @@ def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = C
     return slot_engine
 
 
-def run(backend: Backend, model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batch: int,
-        max_queue: int, max_len: int | None, drain: float) -> None:  # fmt: skip
+def run(
+    backend: Backend,
+    model: Any,
+    tokenizer: Any,
+    name: str,
+    *,
+    host: str,
+    port: int,
+    max_batch: int,
+    max_queue: int,
+    max_len: int | None,
+    drain: float,
+) -> None:
     """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
     ``drain`` seconds to end."""
     import uvicorn

@@ -190,8 +190,9 @@ class Forward:
         form, dtype = self.static.mask_form, self.model.module.dtype
         return masks.attention_mask(form, window.valid, window.queries, dtype, blocks)
 
-    def _call(self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any,
-              inputs: Any = None) -> Any:  # fmt: skip
+    def _call(
+        self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any, inputs: Any = None
+    ) -> Any:
         static = self.static
         if cache is not None:
             kwargs.update({static.cache_argument: cache, "use_cache": True})
@@ -276,8 +277,16 @@ def _whole(model: Any, tree: Any) -> Any:
     return mesh.constrain(tree, lambda shape: whole)
 
 
-def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, arrays: Any,
-            source: Any = None, inputs: Any = None) -> dict[str, Any]:  # fmt: skip
+def prefill(
+    model: Any,
+    static: Static,
+    params: Any,
+    ids: jax.Array,
+    prompt_mask: jax.Array,
+    arrays: Any,
+    source: Any = None,
+    inputs: Any = None,
+) -> dict[str, Any]:
     """Run the prompt, fill the cache, and choose the first new token.
 
     For an encoder-decoder, ``ids`` is the decoder's prompt and ``source`` the encoder's inputs by name:
@@ -329,8 +338,15 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     return state
 
 
-def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
-           layout: decode_layout.DecodeLayout) -> dict[str, Any]:  # fmt: skip
+def decode(
+    model: Any,
+    static: Static,
+    params: Any,
+    state: dict[str, Any],
+    limit: jax.Array,
+    arrays: Any,
+    layout: decode_layout.DecodeLayout,
+) -> dict[str, Any]:
     """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that holds the
     weights as ``layout`` says."""
     decoding = static.decoding
@@ -388,8 +404,16 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
     return {**state, "tokens": _whole(model, state["tokens"])}
 
 
-def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, arrays: Any,
-                    inputs: Any, static: Static) -> Any:  # fmt: skip
+def prefill_program(
+    model: Any,
+    params: Any,
+    ids: Any,
+    prompt_mask: Any,
+    source: Any,
+    arrays: Any,
+    inputs: Any,
+    static: Static,
+) -> Any:
     return prefill(model, static, params, ids, prompt_mask, arrays, source, inputs)
 
 

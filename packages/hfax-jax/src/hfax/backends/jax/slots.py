@@ -172,8 +172,17 @@ def _is_eos(token: Any, eos: Any) -> Any:
     return (token[:, None] == eos[None, :]).any(-1)
 
 
-def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
-                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
+def admit_program(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    ids: Any,
+    mask: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
@@ -213,8 +222,9 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
     return {**state, "states": states, "valid": valid, "rows": table}, chosen
 
 
-def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
-                   static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+def decode_program(
+    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+) -> dict[str, Any]:
     """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
     free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
     slots = state["valid"].shape[0]
@@ -233,8 +243,9 @@ def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, e
 ROW_PARTS = ("states", "valid", "rows")
 
 
-def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
-            static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+def _decode(
+    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+) -> dict[str, Any]:
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
@@ -257,9 +268,13 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         out = state["out"]
         written = {
             name: jnp.where(_at(live, i, out[name].shape), value[:, None], out[name])
-            for name, value in (("tokens", token), ("logprobs", chosen["logprob"]),
-                                ("top_ids", chosen["top_ids"]), ("top_logprobs", chosen["top_logprobs"]))
-        }  # fmt: skip
+            for name, value in (
+                ("tokens", token),
+                ("logprobs", chosen["logprob"]),
+                ("top_ids", chosen["top_ids"]),
+                ("top_logprobs", chosen["top_logprobs"]),
+            )
+        }
         step = table["step"] + live
         done = live & (_is_eos(token, eos) | (step >= table["limit"]))
         table = {
@@ -378,16 +393,21 @@ class SlotEngine:
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
-            self.model.params, self.state, limit, self.eos,
+            self.model.params,
+            self.state,
+            limit,
+            self.eos,
             static=SlotStatic(self._decode_static, self._layout, rows),
-        )  # fmt: skip
+        )
 
     def read(self) -> Chunk:
         out, finished = self.state["out"], self.state["rows"]["finished"]
         _wait((out, finished))
         self.clock = int(self.state["clock"])
-        return Chunk(**{name: np.asarray(value) for name, value in out.items()},
-                     finished=np.asarray(finished))  # fmt: skip
+        return Chunk(
+            **{name: np.asarray(value) for name, value in out.items()},
+            finished=np.asarray(finished),
+        )
 
     def release(self, free: np.ndarray) -> None:
         """Mark the rows ``free`` (bool ``[slots]``) finished, so no decode step waits for them."""
@@ -406,9 +426,10 @@ class SlotEngine:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
         program = self.model.program("serve_move", move_program, donate=("state",))
         self.state = program(
-            self.state, *self._replicate((np.int32(source), np.int32(target))),
+            self.state,
+            *self._replicate((np.int32(source), np.int32(target))),
             static=self._decode_static,
-        )  # fmt: skip
+        )
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""

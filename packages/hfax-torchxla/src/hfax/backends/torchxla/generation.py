@@ -139,9 +139,18 @@ _trace_seconds = [0.0]
 _STATICS: dict[Static, Static] = {}
 
 
-def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: Any, query_slots: Any,
-            static: Static, inputs: dict[str, Any] | None = None,
-            source: dict[str, Any] | None = None, at: Any = None) -> Any:  # fmt: skip
+def _logits(
+    module: Any,
+    cache: Cache | None,
+    ids: Any,
+    positions: Any,
+    valid: Any,
+    query_slots: Any,
+    static: Static,
+    inputs: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
+    at: Any = None,
+) -> Any:
     """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits, or
     position ``at``'s (``[1]``: a model without a cache reads the whole sequence).
     ``inputs`` are the model's other inputs (images, ...: prefill only); ``source`` an encoder-decoder's
@@ -182,9 +191,17 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
     return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :]
 
 
-def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, arrays: Any,
-            static: Static, inputs: dict[str, Any] | None = None,
-            source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def prefill(
+    module: Any,
+    cache: Cache,
+    ids: Any,
+    prompt_mask: Any,
+    valid: Any,
+    arrays: Any,
+    static: Static,
+    inputs: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run the prompt (and the model's other ``inputs``: its images run through their encoder here),
     fill the cache, choose the first new token: the token state after the prompt.
 
@@ -221,9 +238,17 @@ def encode(module: Any, source: dict[str, Any]) -> dict[str, Any]:
     return {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
 
 
-def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, seen: Any, limit: Any,
-                arrays: Any, static: Static,
-                source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def decode_step(
+    module: Any,
+    cache: Cache,
+    chosen: dict[str, Any],
+    valid: Any,
+    seen: Any,
+    limit: Any,
+    arrays: Any,
+    static: Static,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Choose the next token of every row: the program compiled once per bucket.
 
     ``chosen`` is the token state (:mod:`hfax.generation.tokens`), ``valid`` ``[rows, prompt + capacity]``
@@ -241,8 +266,16 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
         positions = (seen + step - 1).view(rows, 1)
         # A purely recurrent model decodes without a mask, as transformers' generate drops it after the
         # prompt: Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
-        logits = _logits(module, cache, last, positions, valid if static.attends else None, slot, static,
-                         source=source)  # fmt: skip
+        logits = _logits(
+            module,
+            cache,
+            last,
+            positions,
+            valid if static.attends else None,
+            slot,
+            static,
+            source=source,
+        )
     else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
         slots = torch.arange(valid.shape[1], device=valid.device)
         ids, last = chosen["ids"], slot
@@ -252,8 +285,9 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
             ids = torch.where(slots == last, static.appended.token, ids)
         so_far = valid & (slots <= last)[None]
         positions = torch.where(so_far, so_far.long().cumsum(1) - 1, 1)
-        logits = _logits(module, None, ids, positions, so_far, slots, static, source=source,
-                         at=last)  # fmt: skip
+        logits = _logits(
+            module, None, ids, positions, so_far, slots, static, source=source, at=last
+        )
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if (
@@ -488,9 +522,16 @@ class TorchXlaEngine:
             if padded.source is not None:
                 source = encode(model.module, _on_device(padded.source, device))
             chosen_tokens = prefill(
-                model.module, cache, on_device["ids"], on_device["mask"], on_device["valid"], arrays,
-                static, inputs, source,
-            )  # fmt: skip
+                model.module,
+                cache,
+                on_device["ids"],
+                on_device["mask"],
+                on_device["valid"],
+                arrays,
+                static,
+                inputs,
+                source,
+            )
             seen = on_device["mask"].sum(1)
             if (
                 padded.offsets is not None
@@ -530,9 +571,16 @@ class TorchXlaEngine:
                     traced = run.new_bucket
                     started, compiling = time.perf_counter(), runtime.counters().compile_seconds
                     run.chosen = step_program(
-                        model.module, run.cache, run.chosen, run.valid, run.seen, limit_tensor,
-                        run.arrays, run.static, run.source,
-                    )  # fmt: skip
+                        model.module,
+                        run.cache,
+                        run.chosen,
+                        run.valid,
+                        run.seen,
+                        limit_tensor,
+                        run.arrays,
+                        run.static,
+                        run.source,
+                    )
                     run.steps += 1
                     if (
                         traced
