@@ -181,7 +181,7 @@ def run_tests(session: nox.Session, *paths: Path | str, env: dict[str, str] = TE
 
 
 #: The modules of hfax-core's public API that mypy checks (they import neither torch nor jax).
-TYPED = ("hfax", "hfax.auto", "hfax.hookspecs", "hfax.plugins", "hfax.patching", "hfax.registry")
+TYPED = ("hfax", "hfax.auto", "hfax.hookspecs", "hfax.plugins", "hfax.patching", "hfax.specs")
 
 
 @nox.session

@@ -607,7 +607,9 @@ def _append(path: Path, case: Case) -> None:
 
 
 @dataclasses.dataclass
-class Plan:
+class Sweep:
+    """The runs one invocation makes: every model x engine x dtype x batch x prompt length."""
+
     models: list[str]
     engines: list[str]
     dtypes: list[str]
@@ -621,14 +623,14 @@ class Plan:
 
 
 def run_worker(
-    plan: Plan, engine: str, model: str, path: str, dtype: str, scratch: Path, cached: bool
+    sweep: Sweep, engine: str, model: str, path: str, dtype: str, scratch: Path, cached: bool
 ) -> list[Case]:
     """One engine in a fresh process; compile caches live in ``scratch`` (empty for the cold run)."""
     out = scratch / f"{engine}-{model}-{dtype}-{'cached' if cached else 'cold'}.jsonl"
     cases = [
-        Case(model, dtype, b, p, plan.new_tokens, engine)
-        for b in plan.batches
-        for p in plan.prompts
+        Case(model, dtype, b, p, sweep.new_tokens, engine)
+        for b in sweep.batches
+        for p in sweep.prompts
     ]
     spec = dict(
         engine=engine,
@@ -636,8 +638,8 @@ def run_worker(
         dtype=dtype,
         cases=[dataclasses.asdict(c) for c in cases],
         out=str(out),
-        repeats=plan.repeats,
-        budget_s=plan.budget_s,
+        repeats=sweep.repeats,
+        budget_s=sweep.budget_s,
         cached=cached,
     )
     env = dict(
@@ -651,7 +653,7 @@ def run_worker(
     started = time.perf_counter()
     with log.open("w") as stderr:
         try:
-            python = plan.pythons.get(engine, sys.executable)
+            python = sweep.pythons.get(engine, sys.executable)
             status = subprocess.run(
                 [python, __file__, "--worker", json.dumps(spec)],
                 env=env,
@@ -677,7 +679,7 @@ def run_worker(
     return done
 
 
-def run(plan: Plan) -> dict[str, Any]:
+def run(sweep: Sweep) -> dict[str, Any]:
     started = datetime.datetime.now(datetime.timezone.utc)
     record: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
@@ -685,37 +687,39 @@ def run(plan: Plan) -> dict[str, Any]:
         "machine": machine(),
         "load_average_before": load_average(),
     }
-    for engine, python in plan.pythons.items():  # what the engines under other interpreters ran on
+    for engine, python in sweep.pythons.items():  # what the engines under other interpreters ran on
         record["machine"].setdefault("engine_versions", {})[engine] = _ask_self(
             python, "--versions"
         )
     print("measuring memory bandwidth ...", file=sys.stderr)
     bandwidth = memory_bandwidth()
     results: list[Case] = []
-    for model in plan.models:
+    for model in sweep.models:
         path = model_path(model)
-        for dtype in plan.dtypes:
+        for dtype in sweep.dtypes:
             print(f"{model} {dtype}:", file=sys.stderr)
             products = weight_products_in_worker(model, path, dtype)
-            for engine in plan.engines:
+            for engine in sweep.engines:
                 if engine == "hfax-torchxla" and (
-                    reason := torchxla_missing(plan.pythons.get(engine))
+                    reason := torchxla_missing(sweep.pythons.get(engine))
                 ):
                     results += [
                         Case(
-                            model, dtype, b, p, plan.new_tokens, engine, error=f"skipped: {reason}"
+                            model, dtype, b, p, sweep.new_tokens, engine, error=f"skipped: {reason}"
                         )
-                        for b in plan.batches
-                        for p in plan.prompts
+                        for b in sweep.batches
+                        for p in sweep.prompts
                     ]
                     continue
                 with tempfile.TemporaryDirectory(prefix="hfax-bench-") as scratch:
-                    cold = run_worker(plan, engine, model, path, dtype, Path(scratch), cached=False)
+                    cold = run_worker(
+                        sweep, engine, model, path, dtype, Path(scratch), cached=False
+                    )
                     if engine in CACHED_ENGINES:
                         cached = {
                             (c.batch, c.prompt): c
                             for c in run_worker(
-                                plan, engine, model, path, dtype, Path(scratch), cached=True
+                                sweep, engine, model, path, dtype, Path(scratch), cached=True
                             )
                         }
                         for case in cold:
@@ -1030,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--new-tokens must be at least 2: the step time is the difference to a one-token call"
         )
-    plan = Plan(
+    sweep = Sweep(
         models=items(args.models, MODELS),
         engines=items(args.engines, ENGINES),
         dtypes=items(args.dtypes, ("float32", "bfloat16")),
@@ -1041,7 +1045,7 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget,
         pythons=pythons,
     )
-    record = run(plan)
+    record = run(sweep)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     print(table(record))

@@ -37,13 +37,13 @@ TINY = dict(vocab_size=64, num_hidden_layers=2)
 )
 def test_which_models_get_the_2d_mask(config, two_d):
     module = transformers.AutoModelForCausalLM.from_config(config)
-    assert masks.plan(config, module).two_d is two_d
+    assert masks.form(config, module).two_d is two_d
 
 
-def test_2d_plan_hands_over_the_padding_mask():
-    plan = masks.MaskPlan((("full_attention", masks.Span()),), two_d=True)
+def test_2d_form_hands_over_the_padding_mask():
+    form = masks.MaskForm((("full_attention", masks.Span()),), two_d=True)
     valid = torch.tensor([[False, True, True]])
-    assert masks.attention_mask(plan, valid, torch.arange(3), torch.float32).tolist() == [[0, 1, 1]]
+    assert masks.attention_mask(form, valid, torch.arange(3), torch.float32).tolist() == [[0, 1, 1]]
 
 
 def allowed(mask: torch.Tensor) -> list[list[int]]:

@@ -202,7 +202,7 @@ def test_inputs_are_split_over_the_data_axis(load):
     model = load("llama", "data=2,model=4")
     engine = generation.JaxEngine(model)
     request = settings.prepare(model, *left_padded(PROMPTS), {"max_new_tokens": 4}, engine.features)
-    prompt_ids, prompt_mask, _, _ = engine.inputs(driver.plan(model, request, engine))
+    prompt_ids, prompt_mask, _, _ = engine.inputs(driver.pad_request(model, request, engine))
     for array in (prompt_ids, prompt_mask):
         assert (
             array.sharding.spec == P("data", None)

@@ -26,7 +26,7 @@ from hfax.auto import (
 from hfax.hookspecs import hookimpl
 from hfax.patching import Patcher, unpatch
 from hfax.plugins import detect_family, get_plugin_manager, register, unregister
-from hfax.registry import (
+from hfax.specs import (
     Backend,
     BackendSpec,
     Claim,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hfax.hookspecs import hookimpl
-from hfax.registry import FamilySpec, ShardingPlan
+from hfax.specs import FamilySpec, ShardingPlan
 
 #: The transformers releases hfax-core's generic path was tested on: the oldest one its pyproject declares
 #: (nox session ``transformers_oldest``) through the newest (``transformers_newest``). Outside it hfax

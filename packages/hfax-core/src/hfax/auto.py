@@ -13,7 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from hfax import checkpoints, plugins
 from hfax.patching import Patcher
-from hfax.registry import STREAMED_LOADING, Backend
+from hfax.specs import STREAMED_LOADING, Backend
 
 logger = logging.getLogger("hfax")
 
@@ -137,7 +137,7 @@ class AutoModelForTPU:
         of your own whose axes are ``data``, ``fsdp``, ``model``, or are mapped to them by ``axis_names``,
         e.g. ``{"model": "tp", "data": "dp"}``). Before any weight is read, the bytes each device will hold
         are logged (logger ``hfax``) and checked against the device's memory: a model that cannot fit raises
-        :class:`~hfax.registry.DeviceMemoryError`.
+        :class:`~hfax.specs.DeviceMemoryError`.
         A safetensors checkpoint is read straight into the devices' arrays (``hfax_load_weights``); GGUF,
         ``.bin`` and checkpoints that need transformers' conversions load through transformers first
         (docs/SHARDING.md, "Host memory while loading").
@@ -163,7 +163,7 @@ class AutoModelForTPU:
     ) -> Any:
         """What ``from_pretrained`` would put on every device, without reading a weight.
 
-        Returns an :class:`~hfax.registry.Layout`: ``print`` it for the table (tensor, shape, dtype, spec,
+        Returns an :class:`~hfax.specs.Layout`: ``print`` it for the table (tensor, shape, dtype, spec,
         bytes per device). ``mesh`` may be a mapping of axis sizes (``{"model": 8}``) to plan for devices
         that are not attached.
         """
@@ -280,7 +280,7 @@ def _stream(
     """The model with its weights read from the checkpoint straight onto the devices, or ``None`` where
     transformers must load it (the reason is logged): see ``hfax.checkpoints``.
 
-    Only models of a family that declares :data:`~hfax.registry.STREAMED_LOADING` stream: transformers' own
+    Only models of a family that declares :data:`~hfax.specs.STREAMED_LOADING` stream: transformers' own
     loading re-initializes some weights of other models after reading them (a weight computed from others
     at init), and hfax must hold what transformers would (the coverage sweep found it); such a family
     vouches for its models' loading."""

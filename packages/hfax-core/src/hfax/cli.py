@@ -250,7 +250,7 @@ def check_options(model: str | None, mesh: str | None, dtype: str | None, backen
 
 
 def _parse_mesh_sizes(mesh: str | None) -> dict[str, int]:
-    from hfax.registry import MESH_AXES
+    from hfax.specs import MESH_AXES
 
     sizes = _parse_sizes(mesh)
     if set(sizes) - set(MESH_AXES):
@@ -376,7 +376,7 @@ def plan_command(
     The mesh need not exist here: plan a TPU pod slice from a laptop with --mesh fsdp=4,model=8 --device-memory 16GB.
     """
     from hfax import AutoModelForCausalLM
-    from hfax.registry import DeviceMemoryError, parse_size
+    from hfax.specs import DeviceMemoryError, parse_size
 
     if device_memory:
         try:

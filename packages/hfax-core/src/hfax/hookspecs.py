@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hfax.checkpoints import Checkpoint
     from hfax.generation.traits import GenerationTraits
     from hfax.patching import Patcher
-    from hfax.registry import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
+    from hfax.specs import BackendSpec, Claim, FamilySpec, Layout, ShardingPlan
 
 hookspec = pluggy.HookspecMarker("hfax")
 
@@ -32,7 +32,7 @@ def hfax_backends() -> list[BackendSpec]:
     """Name the backends this plugin provides.
 
     The backend registry: ``backend="jax"`` in the user API is looked up among the answers. A
-    :class:`~hfax.registry.BackendSpec` only names the backend and how to load it, so listing plugins
+    :class:`~hfax.specs.BackendSpec` only names the backend and how to load it, so listing plugins
     never imports torch or jax.
 
     Example::
@@ -61,7 +61,7 @@ def hfax_families() -> list[FamilySpec]:
 def hfax_detect_model(config: Any) -> Claim | str | None:
     """Claim a model, given its ``transformers.PretrainedConfig``.
 
-    Return the family name (or a :class:`~hfax.registry.Claim` with a priority) when this plugin's family
+    Return the family name (or a :class:`~hfax.specs.Claim` with a priority) when this plugin's family
     handles the model, else ``None``. Every plugin is asked; core picks the claim with the highest priority
     and rejects a tie between different families with an error naming both plugins. A config nobody
     claims runs on the ``"generic"`` family: the unmodified transformers code.
@@ -97,7 +97,7 @@ def hfax_plan_layout(model: Any, plan: ShardingPlan, mesh: Any, backend: str) ->
     """Say what every device will hold once ``model``'s weights are placed by ``plan`` over ``mesh``.
 
     ``from_pretrained`` asks before loading any weight, with ``model`` built on torch's ``meta`` device
-    (names, shapes and dtypes, no data), and calls :meth:`~hfax.registry.Layout.check` on the answer, so a
+    (names, shapes and dtypes, no data), and calls :meth:`~hfax.specs.Layout.check` on the answer, so a
     model too large for its devices fails in seconds, not after the download; ``hfax plan`` prints it.
     ``mesh`` is what ``from_pretrained`` got (``None`` for one device) or, to plan for devices that are not
     attached, a mapping of axis sizes such as ``{"model": 8}``. Implemented by the backend named

@@ -13,10 +13,10 @@ booleans as additive 1 and 0, and padding of the source is attended.
 Some models read the 2-D padding mask for more than attention: recurrent (Mamba-style, linear-attention)
 layers zero the padding positions of their input with it, ALiBi models count their position biases along
 it, and models not built on transformers' ``masking_utils`` (OpenAI GPT) expand it themselves. A ready
-4-D mask breaks them, so :func:`plan` hands them the 2-D mask and they build their attention masks
+4-D mask breaks them, so :func:`form` hands them the 2-D mask and they build their attention masks
 themselves from the cache's traced write slot.
 
-torch and transformers are imported when a mask or plan is built, never when this module is.
+torch and transformers are imported when a mask or its form is built, never when this module is.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Span:
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskPlan:
+class MaskForm:
     """How a model gets its ``attention_mask`` (hashable: part of a compiled program's static structure).
 
     ``spans`` is ``((layer type, Span), ...)``; ``two_d`` says the model takes the 2-D padding mask and
@@ -85,8 +85,8 @@ def layer_spans(config: Any) -> dict[str, Span]:
     return spans
 
 
-def plan(config: Any, module: Any = None) -> MaskPlan:
-    """The mask plan for a transformers model (``module``, when given, is the model itself).
+def form(config: Any, module: Any = None) -> MaskForm:
+    """How a transformers model takes its attention mask (``module``, when given, is the model itself).
 
     The 2-D mask goes to models with recurrent layers (by transformers' ``get_layer_types_and_kwargs``), to
     ALiBi models (``config.alibi``, MPT's ``attn_config.alibi``, or a model that builds its ALiBi tensor
@@ -103,7 +103,7 @@ def plan(config: Any, module: Any = None) -> MaskPlan:
     )
     # transformers' sdpa_mask makes booleans; eager_mask (eager, hfax_jax) additive masks.
     boolean = getattr(config.get_text_config(decoder=True), "_attn_implementation", None) == "sdpa"
-    return MaskPlan(spans, two_d=two_d, boolean=boolean)
+    return MaskForm(spans, two_d=two_d, boolean=boolean)
 
 
 def cache_only_window(module: Any) -> int | None:
@@ -176,18 +176,18 @@ def _uses_masking_utils(module: Any) -> bool:
 
 
 def attention_mask(
-    mask_plan: MaskPlan, valid: Any, query_slots: Any, dtype: Any, blocks: Any = None
+    mask_form: MaskForm, valid: Any, query_slots: Any, dtype: Any, blocks: Any = None
 ) -> Any:
     """The ``attention_mask`` argument for a forward whose queries sit at ``query_slots`` (shape ``[q]``).
 
     ``valid`` is a ``[batch, length]`` bool tensor: True where a slot holds a real (not padding) token. Under
-    a 2-D plan that is the mask (as integers, as transformers takes it); otherwise see :func:`build`.
+    a 2-D form that is the mask (as integers, as transformers takes it); otherwise see :func:`build`.
     """
-    if mask_plan.two_d:
+    if mask_form.two_d:
         return valid.long()
-    if mask_plan.boolean:
+    if mask_form.boolean:
         dtype = None
-    return build(dict(mask_plan.spans), valid, query_slots, dtype, blocks)
+    return build(dict(mask_form.spans), valid, query_slots, dtype, blocks)
 
 
 def block_ids(module: Any) -> Any:
@@ -200,8 +200,13 @@ def block_ids(module: Any) -> Any:
     return getattr(namespace, "get_block_sequence_ids_for_mask", None)
 
 
-def build(spans: dict[str, Span | int | None], valid: Any, query_slots: Any, dtype: Any,
-          blocks: Any = None) -> Any:  # fmt: skip
+def build(
+    spans: dict[str, Span | int | None],
+    valid: Any,
+    query_slots: Any,
+    dtype: Any,
+    blocks: Any = None,
+) -> Any:
     """Additive masks (booleans for ``dtype`` ``None``) for a forward whose queries sit at
     ``query_slots`` (shape ``[q]``).
 

@@ -44,7 +44,7 @@ import pluggy
 
 from hfax import _builtin, hookspecs
 from hfax.patching import Patcher
-from hfax.registry import BackendSpec, Claim, FamilySpec
+from hfax.specs import BackendSpec, Claim, FamilySpec
 
 log = logging.getLogger("hfax")
 
@@ -253,13 +253,13 @@ def hook_failed(plugin_id: str, hook: str, problem: str, cause: Exception | None
 @functools.cache
 def _return_type(hook: str) -> Any:
     """The return annotation of hook spec ``hook``."""
-    from hfax import checkpoints, patching, registry
+    from hfax import checkpoints, patching, specs
     from hfax.generation import traits
 
     # Every name the specs import for type checking only (get_type_hints evaluates them all).
     names = {
         name: value
-        for module in (registry, patching, checkpoints, traits)
+        for module in (specs, patching, checkpoints, traits)
         for name, value in vars(module).items()
         if isinstance(value, type)
     }
@@ -285,7 +285,7 @@ def _conforms(value: Any, expected: Any) -> bool:
 
 
 def _type_text(expected: Any) -> str:
-    return getattr(expected, "__name__", None) or str(expected).replace("hfax.registry.", "")
+    return getattr(expected, "__name__", None) or str(expected).replace("hfax.specs.", "")
 
 
 def _ask(pm: pluggy.PluginManager, plugin: Any, hook: str) -> list[Any]:

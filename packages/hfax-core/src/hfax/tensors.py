@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from hfax.registry import Layout, Placement, ShardingPlan
+from hfax.specs import Layout, Placement, ShardingPlan
 
 
 def tensor_slots(model: Any) -> Iterator[tuple[str, dict[str, Any], str, Any]]:

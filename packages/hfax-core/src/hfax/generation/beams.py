@@ -136,8 +136,15 @@ def advance(
     return new_state, reorder.reshape(rows), log_probs
 
 
-def _still_improvable(improvable: Any, running: Any, best: Any, done: Any, generated: Any, decoding: Any,
-                      arrays: dict[str, Any]) -> Any:  # fmt: skip
+def _still_improvable(
+    improvable: Any,
+    running: Any,
+    best: Any,
+    done: Any,
+    generated: Any,
+    decoding: Any,
+    arrays: dict[str, Any],
+) -> Any:
     """transformers' ``_check_early_stop_heuristic``: can a running beam still beat the worst finished one?"""
     import torch
 

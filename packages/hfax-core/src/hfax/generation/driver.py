@@ -3,7 +3,7 @@ in chunks, and assemble transformers' result.
 
     model.generate(**inputs, **settings)
       settings.prepare   transformers' GenerationConfig, processors and criteria; refusals   (host)
-      plan               prompt bucket, traced settings, the loop's static structure         (host)
+      pad_request        prompt bucket, traced settings, the loop's static structure         (host)
       engine.start       prefill: the prompt through the model, the first token              (device)
       engine.advance     the decode loop up to a limit, or until every row finished          (device)
       engine.read        the token state on the host, between chunks                         (host)
@@ -53,7 +53,7 @@ class GenerateStats:
 
 
 @dataclasses.dataclass
-class Plan:
+class PaddedRequest:
     """A request in its bucket, as an engine receives it.
 
     ``ids``/``mask`` are the decoder's prompt rows left-padded into the bucket (``int32``/``bool``);
@@ -85,7 +85,7 @@ class Engine(Protocol):
     #: Rows are padded to a multiple of this (the mesh's batch axes).
     row_multiple: int
 
-    def start(self, plan: Plan) -> Any:
+    def start(self, padded: PaddedRequest) -> Any:
         """Prefill: run the prompt, choose the first token; returns the run's device state."""
 
     def advance(self, run: Any, limit: int) -> Any:
@@ -101,7 +101,7 @@ class Engine(Protocol):
         """Programs compiled and seconds spent tracing and compiling so far in this process."""
 
 
-def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
+def pad_request(model: Any, request: settings.Request, engine: Engine) -> PaddedRequest:
     """Pad ``request`` into its bucket and split its settings into static structure and traced arrays."""
     encoder_decoder = request.source is not None
     positions = accepts(model.module, "position_ids") and not encoder_decoder
@@ -132,7 +132,7 @@ def plan(model: Any, request: settings.Request, engine: Engine) -> Plan:
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
     )
-    return Plan(
+    return PaddedRequest(
         ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
     )
 
@@ -143,9 +143,12 @@ def _padded_source(request: settings.Request, multiple: int, rows: int) -> dict[
     source = dict(request.source)
     if "input_ids" in source:
         text, text_mask = pad_prompts(
-            source["input_ids"], source["attention_mask"].astype(bool), request.filler, multiple,
+            source["input_ids"],
+            source["attention_mask"].astype(bool),
+            request.filler,
+            multiple,
             left=False,
-        )  # fmt: skip
+        )
         source["input_ids"], source["attention_mask"] = text, text_mask.astype(np.int32)
     for name, value in source.items():
         if value.shape[0] < rows:
@@ -160,8 +163,15 @@ def _left_padded(value: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return padded
 
 
-def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = None, *,
-             streamer: Any = None, **options: Any) -> Any:  # fmt: skip
+def generate(
+    model: Any,
+    engine: Engine,
+    input_ids: Any,
+    attention_mask: Any = None,
+    *,
+    streamer: Any = None,
+    **options: Any,
+) -> Any:
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
@@ -177,11 +187,11 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
         _put(streamer, request.ids)
     steps, result = 0, None
     if request.max_new > 0:
-        job = plan(model, request, engine)
-        result, steps = _run(engine, job, request, streamer)
+        padded = pad_request(model, request, engine)
+        result, steps = _run(engine, padded, request, streamer)
     if streamer is not None:
         streamer.end()
-    sequences, extras = _assemble(request, job if request.max_new > 0 else None, result, steps)
+    sequences, extras = _assemble(request, padded if request.max_new > 0 else None, result, steps)
     after_compiles, after_seconds = engine.counters()
     model.last_generate_stats = GenerateStats(
         new_tokens=steps * request.batch,
@@ -193,17 +203,24 @@ def generate(model: Any, engine: Engine, input_ids: Any, attention_mask: Any = N
     if request.finish is not None and not config.return_dict_in_generate:
         sequences = request.finish(sequences)
     return outputs.assemble(
-        sequences, kind, input_ids, request.source is not None, request.num_beams > 1,
-        bool(config.return_dict_in_generate), extras,
-    )  # fmt: skip
+        sequences,
+        kind,
+        input_ids,
+        request.source is not None,
+        request.num_beams > 1,
+        bool(config.return_dict_in_generate),
+        extras,
+    )
 
 
-def _run(engine: Engine, job: Plan, request: settings.Request, streamer: Any) -> tuple[Any, int]:
+def _run(
+    engine: Engine, padded: PaddedRequest, request: settings.Request, streamer: Any
+) -> tuple[Any, int]:
     """Run the engine in chunks; returns the last host state and the new tokens the result keeps."""
     checks = request.stop is not None or request.deadline is not None
     chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
-    run = engine.start(job)
-    rows, prompt = request.rows, job.decoding.prompt
+    run = engine.start(padded)
+    rows, prompt = request.rows, padded.decoding.prompt
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
     sent = 0
     while True:
@@ -257,8 +274,9 @@ def _eos_ends(new: np.ndarray, eos: list[int], start: int) -> np.ndarray:
     return ends
 
 
-def _stop_string_ends(request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int,
-                      ends: np.ndarray) -> np.ndarray | None:  # fmt: skip
+def _stop_string_ends(
+    request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int, ends: np.ndarray
+) -> np.ndarray | None:
     """Per row, one past the new token that completes a stop string (transformers' own
     ``StopStringCriteria`` asked at every new position), for rows still running."""
     if request.stop is None:
@@ -292,15 +310,15 @@ def _put(streamer: Any, ids: np.ndarray) -> None:
 
 
 def _assemble(
-    request: settings.Request, job: Plan | None, state: Any, steps: int
+    request: settings.Request, padded: PaddedRequest | None, state: Any, steps: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The sequences ``[rows, width + steps]`` with transformers' padding, and the extras of its output."""
     head = request.ids.astype(np.int64)
-    if job is None:
+    if padded is None:
         return head, {}
     config = request.config
     extras: dict[str, Any] = {}
-    prompt, rows = job.decoding.prompt, request.rows
+    prompt, rows = padded.decoding.prompt, request.rows
     if request.num_beams > 1:
         new, extras = _beam_results(request, state)
         steps = new.shape[1]

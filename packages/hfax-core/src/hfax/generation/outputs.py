@@ -34,8 +34,15 @@ def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
     return array
 
 
-def assemble(sequences: np.ndarray, kind: str, like: Any, encoder_decoder: bool, beams: bool,
-             return_dict: bool, extras: dict[str, Any]) -> Any:  # fmt: skip
+def assemble(
+    sequences: np.ndarray,
+    kind: str,
+    like: Any,
+    encoder_decoder: bool,
+    beams: bool,
+    return_dict: bool,
+    extras: dict[str, Any],
+) -> Any:
     """The result as transformers returns it: the sequences alone, or its ``Generate*Output`` with
     ``extras`` (``scores``, ``logits``: per-step ``[rows, vocab]`` arrays; ``sequences_scores``,
     ``beam_indices``) converted to ``kind``."""

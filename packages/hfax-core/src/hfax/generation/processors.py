@@ -214,8 +214,12 @@ _TRANSLATIONS = {
 # its static shape and the History, and returns the processed scores.
 
 
-def apply(steps: tuple[tuple[str, tuple[int, ...]], ...], arrays: list[dict[str, Any]], scores: Any,
-          history: History) -> Any:  # fmt: skip
+def apply(
+    steps: tuple[tuple[str, tuple[int, ...]], ...],
+    arrays: list[dict[str, Any]],
+    scores: Any,
+    history: History,
+) -> Any:
     """Run the processors ``steps`` (their ``static`` parts) with their ``arrays`` over ``scores``."""
     for (kind, shape), values in zip(steps, arrays):
         scores = _TWINS[kind](scores, values, shape, history)

@@ -76,8 +76,12 @@ def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str
     k = min(TOP_LOGPROBS, logits.shape[-1])
     if not work.logprobs:
         zeros = torch.zeros((logits.shape[0], k), device=logits.device)
-        return {"token": token, "logprob": zeros[:, 0], "top_ids": zeros.to(torch.int32),
-                "top_logprobs": zeros}  # fmt: skip
+        return {
+            "token": token,
+            "logprob": zeros[:, 0],
+            "top_ids": zeros.to(torch.int32),
+            "top_logprobs": zeros,
+        }
     logprobs = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logprobs, k, dim=-1)
     return {

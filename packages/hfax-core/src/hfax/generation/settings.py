@@ -247,8 +247,13 @@ def _ids_list(tensor: Any) -> list[int]:
     return [] if tensor is None else [int(t) for t in np.asarray(tensor).reshape(-1)]
 
 
-def prepare(model: Any, input_ids: Any, attention_mask: Any, options: dict[str, Any],
-            features: frozenset[str]) -> Request:  # fmt: skip
+def prepare(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    options: dict[str, Any],
+    features: frozenset[str],
+) -> Request:
     """Settle a ``generate`` call the way transformers would, or refuse it with an error naming why.
 
     ``model`` has ``module`` (the PyTorch model), ``config`` and ``generation_config``; ``options`` are
@@ -409,8 +414,9 @@ def _main_input(
     )
 
 
-def _encoder_inputs(module: Any, ids: np.ndarray | None, mask: np.ndarray | None,
-                    extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # fmt: skip
+def _encoder_inputs(
+    module: Any, ids: np.ndarray | None, mask: np.ndarray | None, extra: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """The encoder's inputs by name: the source ids and mask, or the main input (``input_features``), with
     the call's other inputs the encoder takes (and images a model merges into them:
     :func:`hfax.generation.inputs.encode`); any other is refused."""

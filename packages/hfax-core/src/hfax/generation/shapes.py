@@ -49,8 +49,15 @@ def as_ids(name: str, value: Any) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def pad_prompts(ids: np.ndarray, mask: np.ndarray, pad_token_id: int, row_multiple: int = 1, *,
-                length: int | None = None, left: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def pad_prompts(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    pad_token_id: int,
+    row_multiple: int = 1,
+    *,
+    length: int | None = None,
+    left: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
     """Pad a batch into its bucket: rows to a power of two (times ``row_multiple``), length to ``length`` or
     else a power-of-two multiple of :data:`MIN_LENGTH_BUCKET`, on the left (or the right: an encoder's input,
     whose positions count from its first token). Filler rows repeat row 0 and are discarded after."""
@@ -92,8 +99,9 @@ def cache_argument(module: Any, length: int = 0) -> str:
     A model that appends a token at every step (its family's
     :attr:`~hfax.generation.traits.GenerationTraits.appended`) re-reads the sequence as transformers'
     ``generate`` for it does. One with a cache of another kind (RWKV's state, XLNet's mems, Reformer's
-    buckets) is refused: measured on their tiny models, re-reading the sequence does not give their tokens
-    (nor DeepSeek V4's, whose compressed layers the backends refuse)."""
+    buckets) is refused: re-reading the sequence does not give their tokens (nor DeepSeek V4's, whose
+    compressed layers the backends refuse). Tested by ``test_a_cache_of_another_kind_is_refused``
+    (packages/hfax-jax/tests/test_generate_layers.py)."""
     from hfax.signatures import cache_parameter
 
     if generation_traits(module).appended is not None:

@@ -3,7 +3,7 @@ leave between decode chunks.
 
 A backend that serves implements :class:`SlotEngine` (the JAX backend's is
 :class:`hfax.backends.jax.slots.SlotEngine`) and hands it out through
-:meth:`hfax.registry.Backend.serving_engine`; the scheduler of ``hfax serve`` (distribution hfax-serve)
+:meth:`hfax.specs.Backend.serving_engine`; the scheduler of ``hfax serve`` (distribution hfax-serve)
 drives it. The contract lives here, backend-neutral, so that a backend implements it without depending on
 the server and the server drives it without naming a backend.
 """

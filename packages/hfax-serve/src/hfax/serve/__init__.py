@@ -18,12 +18,12 @@ import numpy as np
 
 from hfax.generation.rows import Sampling
 from hfax.generation.slots import SlotEngine
-from hfax.registry import Backend
+from hfax.specs import Backend
 
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
 #: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
-#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels from about
-#: 2 steps on (benchmarks/serve.py).
+#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels in short
+#: chunks (``benchmarks/serve.py`` measures it; docs/PERFORMANCE.md, "Serving").
 CHUNK = 4
 
 
@@ -58,8 +58,19 @@ def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = C
     return slot_engine
 
 
-def run(backend: Backend, model: Any, tokenizer: Any, name: str, *, host: str, port: int, max_batch: int,
-        max_queue: int, max_len: int | None, drain: float) -> None:  # fmt: skip
+def run(
+    backend: Backend,
+    model: Any,
+    tokenizer: Any,
+    name: str,
+    *,
+    host: str,
+    port: int,
+    max_batch: int,
+    max_queue: int,
+    max_len: int | None,
+    drain: float,
+) -> None:
     """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
     ``drain`` seconds to end."""
     import uvicorn

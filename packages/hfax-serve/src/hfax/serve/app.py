@@ -114,8 +114,11 @@ class Server:
                     choice.finish = event.finish
                     open_choices -= 1
                 if event.finish == "error":
-                    raise APIError("the model failed on this request; see the server's log",
-                                   status=500, kind="server_error")  # fmt: skip
+                    raise APIError(
+                        "the model failed on this request; see the server's log",
+                        status=500,
+                        kind="server_error",
+                    )
                 yield choice, event, text
         finally:
             for choice in choices:

@@ -67,8 +67,16 @@ def serve_command(
     tokenizer, loaded = load_model(model, backend, mesh, dtype)
     try:
         serve.run(
-            engine, loaded, tokenizer, served_name or model or default_model(), host=host,
-            port=port, max_batch=max_batch, max_queue=max_queue, max_len=max_len, drain=drain,
-        )  # fmt: skip
+            engine,
+            loaded,
+            tokenizer,
+            served_name or model or default_model(),
+            host=host,
+            port=port,
+            max_batch=max_batch,
+            max_queue=max_queue,
+            max_len=max_len,
+            drain=drain,
+        )
     except NotImplementedError as error:
         raise UserError(str(error)) from None

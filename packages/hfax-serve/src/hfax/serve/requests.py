@@ -17,8 +17,14 @@ from hfax.generation.rows import TOP_LOGPROBS, Sampling
 class APIError(Exception):
     """An error answered as OpenAI answers it: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
@@ -108,8 +114,12 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
             raise APIError(f"{name} is not supported by hfax serve; leave it out", param=name)
     model = body.get("model")
     if model != model_name:
-        raise APIError(f"model {model!r} is not served here; this server serves {model_name!r}",
-                       status=404, param="model", code="model_not_found")  # fmt: skip
+        raise APIError(
+            f"model {model!r} is not served here; this server serves {model_name!r}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
     ids = _prompt_ids(body, tokenizer) if kind == "completions" else _chat_ids(body, tokenizer)
     default_max = 16 if kind == "completions" else None
     max_new = _max_tokens(body, kind, default_max)

@@ -228,8 +228,14 @@ class Scheduler:
         sequence.first_token = time.perf_counter()
         token = int(chosen["token"])
         finish = self._finish_reason(token, 1, sequence)
-        self._send(sequence, [token], [float(chosen["logprob"])], [chosen["top_ids"].tolist()],
-                   [chosen["top_logprobs"].tolist()], finish)  # fmt: skip
+        self._send(
+            sequence,
+            [token],
+            [float(chosen["logprob"])],
+            [chosen["top_ids"].tolist()],
+            [chosen["top_logprobs"].tolist()],
+            finish,
+        )
         if finish is not None:
             with self._wake:
                 self._finish(row, finish)
@@ -251,9 +257,14 @@ class Scheduler:
                 finish = None
                 if chunk.finished[row]:
                     finish = self._finish_reason(ids[-1] if ids else -1, 0, sequence) or "length"
-                self._send(sequence, ids, chunk.logprobs[row, :n].tolist(),
-                           chunk.top_ids[row, :n].tolist(), chunk.top_logprobs[row, :n].tolist(),
-                           finish)  # fmt: skip
+                self._send(
+                    sequence,
+                    ids,
+                    chunk.logprobs[row, :n].tolist(),
+                    chunk.top_ids[row, :n].tolist(),
+                    chunk.top_logprobs[row, :n].tolist(),
+                    finish,
+                )
                 if finish is not None:
                     self._finish(row, finish)
 
@@ -264,8 +275,15 @@ class Scheduler:
             return "length"
         return None
 
-    def _send(self, sequence: Sequence, ids: list[int], logprobs: list[float], top_ids: Any,
-              top_logprobs: Any, finish: str | None) -> None:  # fmt: skip
+    def _send(
+        self,
+        sequence: Sequence,
+        ids: list[int],
+        logprobs: list[float],
+        top_ids: Any,
+        top_logprobs: Any,
+        finish: str | None,
+    ) -> None:
         """Deliver new tokens; an EOS token ends the sequence and is not part of its text."""
         sequence.generated += len(ids)
         if finish == "stop" and ids and ids[-1] in self.eos:
@@ -292,8 +310,13 @@ class Scheduler:
         rate = (sequence.generated - 1) / decoding if decoding > 0 and sequence.generated > 1 else 0
         log.info(
             "row %d %s: %d prompt tokens, %d generated, TTFT %.3f s, %.1f tokens/s",
-            row, reason, len(sequence.ids), sequence.generated, ttft, rate,
-        )  # fmt: skip
+            row,
+            reason,
+            len(sequence.ids),
+            sequence.generated,
+            ttft,
+            rate,
+        )
 
     def _mask(self, rows: list[int]) -> np.ndarray:
         free = np.zeros((self.engine.slots,), bool)

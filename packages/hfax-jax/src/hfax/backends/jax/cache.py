@@ -5,7 +5,7 @@ transformers' ``StaticCache`` keeps Python ints beside its tensors (``StaticSlid
 step at every token or, frozen, give wrong tokens. Here every attention layer is a ``[batch, kv_heads,
 length, head_dim]`` buffer written at a traced slot with ``dynamic_update_slice``; which slots a query may
 see (causal, padding, sliding window, chunk) is decided by the attention mask of ``hfax.masks``, and
-positions are passed explicitly. A model given the 2-D mask (``hfax.masks.plan``) builds its masks itself:
+positions are passed explicitly. A model given the 2-D mask (``hfax.masks.form``) builds its masks itself:
 the cache reports the write slot as the query offset and its whole length as the key length, which is what
 transformers' mask functions need under ``jit``. A sliding layer keeps the full length: exact for any
 prompt and generation length, at the cost of the memory a ring buffer would save.

@@ -47,7 +47,7 @@ class Static:
 
     decoding: tokens.Decoding
     layer_types: tuple[tuple[str, int], ...] | None
-    mask_plan: masks.MaskPlan
+    mask_form: masks.MaskForm
     cache_argument: str  # "" for a model without a cache
     pass_positions: bool
     logits_to_keep: bool
@@ -187,11 +187,12 @@ class Forward:
         }
 
     def _mask(self, window: Window, blocks: Any) -> Any:
-        plan, dtype = self.static.mask_plan, self.model.module.dtype
-        return masks.attention_mask(plan, window.valid, window.queries, dtype, blocks)
+        form, dtype = self.static.mask_form, self.model.module.dtype
+        return masks.attention_mask(form, window.valid, window.queries, dtype, blocks)
 
-    def _call(self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any,
-              inputs: Any = None) -> Any:  # fmt: skip
+    def _call(
+        self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any, inputs: Any = None
+    ) -> Any:
         static = self.static
         if cache is not None:
             kwargs.update({static.cache_argument: cache, "use_cache": True})
@@ -276,8 +277,16 @@ def _whole(model: Any, tree: Any) -> Any:
     return mesh.constrain(tree, lambda shape: whole)
 
 
-def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask: jax.Array, arrays: Any,
-            source: Any = None, inputs: Any = None) -> dict[str, Any]:  # fmt: skip
+def prefill(
+    model: Any,
+    static: Static,
+    params: Any,
+    ids: jax.Array,
+    prompt_mask: jax.Array,
+    arrays: Any,
+    source: Any = None,
+    inputs: Any = None,
+) -> dict[str, Any]:
     """Run the prompt, fill the cache, and choose the first new token.
 
     For an encoder-decoder, ``ids`` is the decoder's prompt and ``source`` the encoder's inputs by name:
@@ -329,8 +338,15 @@ def prefill(model: Any, static: Static, params: Any, ids: jax.Array, prompt_mask
     return state
 
 
-def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit: jax.Array, arrays: Any,
-           layout: decode_layout.DecodeLayout) -> dict[str, Any]:  # fmt: skip
+def decode(
+    model: Any,
+    static: Static,
+    params: Any,
+    state: dict[str, Any],
+    limit: jax.Array,
+    arrays: Any,
+    layout: decode_layout.DecodeLayout,
+) -> dict[str, Any]:
     """Choose new tokens up to ``limit`` (or until every row finished), in one while loop that holds the
     weights as ``layout`` says."""
     decoding = static.decoding
@@ -388,8 +404,16 @@ def decode(model: Any, static: Static, params: Any, state: dict[str, Any], limit
     return {**state, "tokens": _whole(model, state["tokens"])}
 
 
-def prefill_program(model: Any, params: Any, ids: Any, prompt_mask: Any, source: Any, arrays: Any,
-                    inputs: Any, static: Static) -> Any:  # fmt: skip
+def prefill_program(
+    model: Any,
+    params: Any,
+    ids: Any,
+    prompt_mask: Any,
+    source: Any,
+    arrays: Any,
+    inputs: Any,
+    static: Static,
+) -> Any:
     return prefill(model, static, params, ids, prompt_mask, arrays, source, inputs)
 
 
@@ -428,41 +452,41 @@ class JaxEngine:
         self.model = model
         self.row_multiple = mesh.batch_multiple(model.mesh)
 
-    def start(self, plan: driver.Plan) -> Run:
+    def start(self, padded: driver.PaddedRequest) -> Run:
         model = self.model
-        static = _static(model, plan)
-        ids, prompt_mask, source, arrays = self.inputs(plan)
+        static = _static(model, padded)
+        ids, prompt_mask, source, arrays = self.inputs(padded)
         program = model.program("prefill", prefill_program)
-        inputs = self.model_inputs(plan, static)
+        inputs = self.model_inputs(padded, static)
         state = program(model.params, ids, prompt_mask, source, arrays, inputs, static=static)
         return Run(static, arrays, state)
 
-    def inputs(self, plan: driver.Plan) -> tuple[Any, Any, Any, Any]:
+    def inputs(self, padded: driver.PaddedRequest) -> tuple[Any, Any, Any, Any]:
         """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
         mesh's batch axes, settings whole on every device."""
         mesh_ = self.model.mesh
-        ids, prompt_mask = mesh.shard_batch((plan.ids, plan.mask), mesh_)
+        ids, prompt_mask = mesh.shard_batch((padded.ids, padded.mask), mesh_)
         source = None
-        if plan.source is not None:
-            source = mesh.shard_batch(_device_dtypes(plan.source), mesh_)
-        return ids, prompt_mask, source, mesh.replicate(plan.arrays, mesh_)
+        if padded.source is not None:
+            source = mesh.shard_batch(_device_dtypes(padded.source), mesh_)
+        return ids, prompt_mask, source, mesh.replicate(padded.arrays, mesh_)
 
-    def model_inputs(self, plan: driver.Plan, static: Static) -> dict[str, Any] | None:
+    def model_inputs(self, padded: driver.PaddedRequest, static: Static) -> dict[str, Any] | None:
         """A decoder-only prefill's other model inputs as device arrays (``None`` without any): those laid
         out like the prompt split as its rows, the rest (images, positions) whole on every device; the
         :class:`~hfax.backends.jax.constants.Constant` ones stay out (the program holds them)."""
-        if not plan.inputs and plan.offsets is None:
+        if not padded.inputs and padded.offsets is None:
             return None
         constant = {c.name for c in static.constants}
         traced = _device_dtypes(
-            {name: value for name, value in plan.inputs.items() if name not in constant}
+            {name: value for name, value in padded.inputs.items() if name not in constant}
         )
-        rows = {name for name, value in traced.items() if value.shape == plan.ids.shape}
+        rows = {name for name, value in traced.items() if value.shape == padded.ids.shape}
         mesh_ = self.model.mesh
         placed = mesh.shard_batch({name: traced[name] for name in rows}, mesh_)
         placed.update(mesh.replicate({n: v for n, v in traced.items() if n not in rows}, mesh_))
-        if plan.offsets is not None:
-            placed["offsets"] = mesh.shard_batch(plan.offsets.astype(np.int32), mesh_)
+        if padded.offsets is not None:
+            placed["offsets"] = mesh.shard_batch(padded.offsets.astype(np.int32), mesh_)
         return placed
 
     def advance(self, run: Run, limit: int) -> Run:
@@ -507,28 +531,28 @@ def _device_dtypes(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _constants(plan: driver.Plan) -> tuple[held.Constant, ...]:
+def _constants(padded: driver.PaddedRequest) -> tuple[held.Constant, ...]:
     """The prefill inputs whose values fix shapes (:mod:`hfax.backends.jax.constants`)."""
     return tuple(
         held.Constant(name, value)
-        for name, value in sorted(plan.inputs.items())
-        if held.is_size(name, value, plan.ids.shape)
+        for name, value in sorted(padded.inputs.items())
+        if held.is_size(name, value, padded.ids.shape)
     )
 
 
-def _static(model: Any, plan: driver.Plan) -> Static:
-    encoder_decoder = plan.source is not None
-    blocks = "token_type_ids" in plan.inputs and masks.block_ids(model.module) is not None
-    length = plan.decoding.prompt + plan.decoding.capacity
+def _static(model: Any, padded: driver.PaddedRequest) -> Static:
+    encoder_decoder = padded.source is not None
+    blocks = "token_type_ids" in padded.inputs and masks.block_ids(model.module) is not None
+    length = padded.decoding.prompt + padded.decoding.capacity
     return Static(
-        decoding=plan.decoding,
+        decoding=padded.decoding,
         layer_types=None if encoder_decoder else slot_cache.layer_types(model.config),
-        mask_plan=masks.plan(model.config, model.module),
+        mask_form=masks.form(model.config, model.module),
         cache_argument=cache_argument(model.module, length),
-        pass_positions=plan.positions,
+        pass_positions=padded.positions,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
         encoder_decoder=encoder_decoder,
-        constants=_constants(plan),
+        constants=_constants(padded),
         blocks=blocks,
         appended=None if encoder_decoder else generation_traits(model.module).appended,
     )
@@ -545,7 +569,7 @@ def start(model: Any, input_ids: Any, attention_mask: Any = None, **options: Any
 
     engine = JaxEngine(model)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
-    return engine.start(driver.plan(model, request, engine))
+    return engine.start(driver.pad_request(model, request, engine))
 
 
 def lower(

@@ -10,7 +10,7 @@ import torch
 from jax.sharding import Mesh
 
 from hfax import tensors
-from hfax.registry import Layout, Placement, ShardingPlan, configured_device_memory
+from hfax.specs import Layout, Placement, ShardingPlan, configured_device_memory
 
 
 def device_memory(devices: list[Any]) -> tuple[int | None, str]:

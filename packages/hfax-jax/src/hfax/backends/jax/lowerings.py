@@ -240,8 +240,10 @@ def _indices(environment: Any, original: Callable[..., Any]) -> Callable[..., An
     def getitem(self: Any, indexes: Any) -> Any:
         if isinstance(indexes, (tuple, list)):
             indexes = type(indexes)(on_device(index) for index in indexes)
-            if not any(isinstance(index, torch.Tensor) or index is None or index is Ellipsis
-                       for index in indexes):  # fmt: skip
+            if not any(
+                isinstance(index, torch.Tensor) or index is None or index is Ellipsis
+                for index in indexes
+            ):
                 indexes = type(indexes)(
                     counted(index, size) for index, size in zip(indexes, self.shape)
                 ) + type(indexes)(indexes[len(self.shape) :])

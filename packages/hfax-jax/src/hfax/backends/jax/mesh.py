@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from hfax.registry import MESH_AXES, ShardingPlan
+from hfax.specs import MESH_AXES, ShardingPlan
 
 #: The axes a batch is split over: ``data`` replicates parameters, ``fsdp`` shards them too.
 BATCH_AXES = ("data", "fsdp")

@@ -122,9 +122,9 @@ class JaxModel(BackendModel):
         tvalid, ttypes = to_tensor((valid, types))
         with env():
             blocks = masks.block_ids(self.module)(ttypes)
-            plan = masks.plan(self.config, self.module)
+            form = masks.form(self.config, self.module)
             tslots = to_tensor(jnp.arange(ids.shape[1]))
-            mask = masks.attention_mask(plan, tvalid, tslots, self.module.dtype, blocks)
+            mask = masks.attention_mask(form, tvalid, tslots, self.module.dtype, blocks)
         return to_array(mask)
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:

@@ -32,7 +32,7 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
         return
     from hfax import experts, plugins
     from hfax.backends.jax import constants
-    from hfax.registry import ATTENTION_INTERFACE
+    from hfax.specs import ATTENTION_INTERFACE
 
     patcher.bind_by_class(model, constants.SIZE_READS)
     experts.compile_experts(model, patcher, "grouped_mm")

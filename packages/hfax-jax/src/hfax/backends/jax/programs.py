@@ -107,9 +107,10 @@ def _hfax_compilation_dir() -> str:
 
 
 def compilation_cache() -> contextlib.AbstractContextManager:
-    """Around a compile of hfax's: JAX's persistent cache in hfax's folder, every program cached (CPU ones
-    compile in about a second, under JAX's 1 s threshold), unless the user configured a cache or turned it
-    off. Thread-local, so the user's settings and programs are untouched."""
+    """Around a compile of hfax's: JAX's persistent cache in hfax's folder, every program cached (JAX's
+    default skips programs that compile faster than its ``persistent_cache_min_compile_time_secs``, as
+    most CPU programs do), unless the user configured a cache or turned it off. Thread-local, so the
+    user's settings and programs are untouched."""
     if os.environ.get("HFAX_NO_COMPILATION_CACHE") or jax.config.jax_compilation_cache_dir:
         return contextlib.nullcontext()
     scope = contextlib.ExitStack()

@@ -90,8 +90,8 @@ class SafetensorsFile(checkpoints.CheckpointFile):
 def _convert(out: np.ndarray, block: np.ndarray) -> None:
     """``out[...] = block`` in ``out``'s dtype, rounding as PyTorch does (what transformers' ``dtype=``
     loads). Through torch where both dtypes are torch's: its conversions are vectorized (float32 to
-    bfloat16 several times faster than numpy's through ml_dtypes) and release the GIL, so the reading
-    threads of ``weights.load_weights`` convert at once."""
+    bfloat16 faster than numpy's through ml_dtypes) and release the GIL, so the reading threads of
+    ``weights.load_weights`` convert at once."""
     target, source = _as_torch(out), _as_torch(block)
     if target is None or source is None:
         np.copyto(out, block, casting="unsafe")

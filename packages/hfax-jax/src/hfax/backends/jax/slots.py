@@ -77,7 +77,7 @@ def check_servable(model: Any, length: int) -> None:
             f"hfax serve runs models whose layers are all attention; {name} has {sorted(kinds)} layers "
             "(use model.generate for it)"
         )
-    if masks.plan(model.config, model.module).two_d:
+    if masks.form(model.config, model.module).two_d:
         raise NotImplementedError(
             f"{name} builds its own attention masks, which hfax serve cannot give per row"
         )
@@ -89,7 +89,7 @@ def _static(model: Any, prompt: int, chunk: int) -> Static:
             steps=(), do_sample=False, num_beams=1, prompt=prompt, capacity=chunk
         ),
         layer_types=slot_cache.layer_types(model.config),
-        mask_plan=masks.plan(model.config, model.module),
+        mask_form=masks.form(model.config, model.module),
         cache_argument=cache_argument(model.module),
         pass_positions=True,
         logits_to_keep=accepts(model.module, "logits_to_keep"),
@@ -108,8 +108,9 @@ class SlotStatic:
 
 def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
     """How the engine holds its weights and cache: as ``generate``'s decode loops do
-    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: in the slot loop
-    it measured slower on CPU (the busy-row counts vary), and it would add those weights' memory."""
+    (:func:`hfax.backends.jax.decode_layout.choose`), without the transposed weight copy: on CPU the slot
+    loop runs slower with it (its busy rows vary from chunk to chunk), and it would add those weights'
+    memory."""
     static = _static(model, 0, 1)
     layout = decode_layout.choose(
         model, layer_types=static.layer_types, encoder_decoder=False, rows=slots, steps=0
@@ -171,8 +172,17 @@ def _is_eos(token: Any, eos: Any) -> Any:
     return (token[:, None] == eos[None, :]).any(-1)
 
 
-def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask: Any, row: Any,
-                  settings: dict[str, Any], eos: Any, static: SlotStatic) -> tuple[Any, Any]:  # fmt: skip
+def admit_program(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    ids: Any,
+    mask: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
     prompt = ids.shape[1]
@@ -212,8 +222,9 @@ def admit_program(model: Any, params: Any, state: dict[str, Any], ids: Any, mask
     return {**state, "states": states, "valid": valid, "rows": table}, chosen
 
 
-def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
-                   static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+def decode_program(
+    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+) -> dict[str, Any]:
     """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
     free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
     slots = state["valid"].shape[0]
@@ -232,8 +243,9 @@ def decode_program(model: Any, params: Any, state: dict[str, Any], steps: Any, e
 ROW_PARTS = ("states", "valid", "rows")
 
 
-def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any,
-            static: SlotStatic) -> dict[str, Any]:  # fmt: skip
+def _decode(
+    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+) -> dict[str, Any]:
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
@@ -256,9 +268,13 @@ def _decode(model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any
         out = state["out"]
         written = {
             name: jnp.where(_at(live, i, out[name].shape), value[:, None], out[name])
-            for name, value in (("tokens", token), ("logprobs", chosen["logprob"]),
-                                ("top_ids", chosen["top_ids"]), ("top_logprobs", chosen["top_logprobs"]))
-        }  # fmt: skip
+            for name, value in (
+                ("tokens", token),
+                ("logprobs", chosen["logprob"]),
+                ("top_ids", chosen["top_ids"]),
+                ("top_logprobs", chosen["top_logprobs"]),
+            )
+        }
         step = table["step"] + live
         done = live & (_is_eos(token, eos) | (step >= table["limit"]))
         table = {
@@ -377,16 +393,21 @@ class SlotEngine:
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
         self.state = program(
-            self.model.params, self.state, limit, self.eos,
+            self.model.params,
+            self.state,
+            limit,
+            self.eos,
             static=SlotStatic(self._decode_static, self._layout, rows),
-        )  # fmt: skip
+        )
 
     def read(self) -> Chunk:
         out, finished = self.state["out"], self.state["rows"]["finished"]
         _wait((out, finished))
         self.clock = int(self.state["clock"])
-        return Chunk(**{name: np.asarray(value) for name, value in out.items()},
-                     finished=np.asarray(finished))  # fmt: skip
+        return Chunk(
+            **{name: np.asarray(value) for name, value in out.items()},
+            finished=np.asarray(finished),
+        )
 
     def release(self, free: np.ndarray) -> None:
         """Mark the rows ``free`` (bool ``[slots]``) finished, so no decode step waits for them."""
@@ -405,9 +426,10 @@ class SlotEngine:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
         program = self.model.program("serve_move", move_program, donate=("state",))
         self.state = program(
-            self.state, *self._replicate((np.int32(source), np.int32(target))),
+            self.state,
+            *self._replicate((np.int32(source), np.int32(target))),
             static=self._decode_static,
-        )  # fmt: skip
+        )
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""

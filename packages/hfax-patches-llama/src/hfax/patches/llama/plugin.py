@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfax import FamilySpec, hookimpl
-from hfax.registry import ATTENTION_INTERFACE, STREAMED_LOADING
+from hfax.specs import ATTENTION_INTERFACE, STREAMED_LOADING
 
 FAMILY = "llama"
 

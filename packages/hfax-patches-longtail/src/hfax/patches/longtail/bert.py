@@ -14,9 +14,15 @@ from typing import Any
 from hfax.patches.longtail.cache_positions import count_of
 
 
-def bert_embeddings(self: Any, input_ids: Any = None, token_type_ids: Any = None,
-                    position_ids: Any = None, inputs_embeds: Any = None, *rest: Any,
-                    **named: Any) -> Any:  # fmt: skip
+def bert_embeddings(
+    self: Any,
+    input_ids: Any = None,
+    token_type_ids: Any = None,
+    position_ids: Any = None,
+    inputs_embeds: Any = None,
+    *rest: Any,
+    **named: Any,
+) -> Any:
     """``BertEmbeddings.forward``, given the positions ``count + 0 .. n-1`` it would slice from its table
     when the cache's count is a tensor."""
     import torch

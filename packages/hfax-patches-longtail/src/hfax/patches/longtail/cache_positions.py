@@ -23,8 +23,9 @@ def count_of(rest: tuple[Any, ...], named: dict[str, Any]) -> Any:
     return next(iter(named.values()), 0)
 
 
-def counted_positions(self: Any, input_ids: Any, *rest: Any, position_ids: Any = None,
-                      **named: Any) -> Any:  # fmt: skip
+def counted_positions(
+    self: Any, input_ids: Any, *rest: Any, position_ids: Any = None, **named: Any
+) -> Any:
     """The embedding's ``forward(input_ids or its shape, count, position_ids)``: the embeddings of
     positions ``count + 0 .. n-1`` (shifted by the class's ``offset``), ``[batch, n, dim]`` for ids and
     ``[n, dim]`` for a shape, as transformers returns them."""

@@ -21,17 +21,34 @@ from hfax.signatures import cache_field, output_cache
 from hfax.validation import CHECK_IDS
 
 
-def last_eos_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
-                     decoder_input_ids: Any = None, decoder_attention_mask: Any = None,
-                     encoder_outputs: Any = None, inputs_embeds: Any = None,
-                     decoder_inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None,
-                     **kwargs: Any) -> Any:  # fmt: skip
+def last_eos_forward(
+    self: Any,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    decoder_input_ids: Any = None,
+    decoder_attention_mask: Any = None,
+    encoder_outputs: Any = None,
+    inputs_embeds: Any = None,
+    decoder_inputs_embeds: Any = None,
+    labels: Any = None,
+    use_cache: Any = None,
+    **kwargs: Any,
+) -> Any:
     """The classifier's ``forward``: transformers' arguments and ``Seq2SeqSequenceClassifierOutput``."""
     if input_ids is None:  # transformers refuses embeddings alone: its own forward says so
         return type(self).forward(
-            self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
-            encoder_outputs, inputs_embeds, decoder_inputs_embeds, labels, use_cache, **kwargs,
-        )  # fmt: skip
+            self,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            encoder_outputs,
+            inputs_embeds,
+            decoder_inputs_embeds,
+            labels,
+            use_cache,
+            **kwargs,
+        )
     import torch
     from transformers.modeling_outputs import Seq2SeqSequenceClassifierOutput
 

@@ -25,9 +25,15 @@ from hfax.patches.longtail.cache_positions import count_of
 from hfax.signatures import cache_keyword
 
 
-def model_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
-                  decoder_input_ids: Any = None, decoder_attention_mask: Any = None,
-                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+def model_forward(
+    self: Any,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    decoder_input_ids: Any = None,
+    decoder_attention_mask: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """``FSMTModel.forward``, with the decoder's attention mask made from its ids when none is given, and
     the mask over the cache's slots handed to its decoder."""
     if decoder_attention_mask is None and input_ids is not None:
@@ -56,9 +62,16 @@ def model_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
         object.__setattr__(self.decoder, step_masks.SLOTS, None)
 
 
-def decoder_forward(self: Any, input_ids: Any, encoder_hidden_states: Any, encoder_padding_mask: Any,
-                    decoder_padding_mask: Any, decoder_causal_mask: Any, *args: Any,
-                    **kwargs: Any) -> Any:  # fmt: skip
+def decoder_forward(
+    self: Any,
+    input_ids: Any,
+    encoder_hidden_states: Any,
+    encoder_padding_mask: Any,
+    decoder_padding_mask: Any,
+    decoder_causal_mask: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """``FSMTDecoder.forward``: on a cached step without a causal mask, the mask over the cache's slots."""
     over_slots = getattr(self, step_masks.SLOTS, None)
     if decoder_causal_mask is None and over_slots is not None:
@@ -66,9 +79,15 @@ def decoder_forward(self: Any, input_ids: Any, encoder_hidden_states: Any, encod
         dtype = self.embed_tokens.weight.dtype
         decoder_causal_mask = step_masks.additive(over_slots, queries, dtype)
     return type(self).forward(
-        self, input_ids, encoder_hidden_states, encoder_padding_mask, decoder_padding_mask,
-        decoder_causal_mask, *args, **kwargs,
-    )  # fmt: skip
+        self,
+        input_ids,
+        encoder_hidden_states,
+        encoder_padding_mask,
+        decoder_padding_mask,
+        decoder_causal_mask,
+        *args,
+        **kwargs,
+    )
 
 
 def fsmt_positions(self: Any, input: Any, **named: Any) -> Any:

@@ -18,10 +18,17 @@ from hfax.patches.longtail.longformer import run_layers, self_attention
 from hfax.signatures import cache_keyword
 
 
-def led_encoder_forward(self: Any, input_ids: Any = None, attention_mask: Any = None,
-                        global_attention_mask: Any = None, inputs_embeds: Any = None,
-                        output_attentions: Any = None, output_hidden_states: Any = None,
-                        return_dict: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+def led_encoder_forward(
+    self: Any,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    global_attention_mask: Any = None,
+    inputs_embeds: Any = None,
+    output_attentions: Any = None,
+    output_hidden_states: Any = None,
+    return_dict: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``LEDEncoder.forward``: transformers' embedding, mask and window padding, its layers run by
     :func:`hfax.patches.longtail.longformer.run_layers`."""
     config = self.config
@@ -29,9 +36,16 @@ def led_encoder_forward(self: Any, input_ids: Any = None, attention_mask: Any = 
     if output_attentions or self.training or (input_ids is None) == (inputs_embeds is None):
         # Attention maps, layer drop, or arguments transformers refuses: its own code.
         return type(self).forward(
-            self, input_ids, attention_mask, global_attention_mask, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict, **kwargs,
-        )  # fmt: skip
+            self,
+            input_ids,
+            attention_mask,
+            global_attention_mask,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
+            **kwargs,
+        )
     import sys
 
     import torch
@@ -82,8 +96,13 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             object.__setattr__(attention, step_masks.SLOTS, None)
 
 
-def self_attention_forward(self: Any, hidden_states: Any, key_value_states: Any = None,
-                           attention_mask: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+def self_attention_forward(
+    self: Any,
+    hidden_states: Any,
+    key_value_states: Any = None,
+    attention_mask: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``LEDDecoderAttention.forward``: on a one-token self-attention step with no mask, the decoder's
     mask over the slots, as an additive ``[batch, 1, 1, slots]`` mask. (LED's layers pass the cache by
     keyword, under the release's name for it.)"""

@@ -25,17 +25,28 @@ import math
 from typing import Any
 
 
-def self_attention(self: Any, hidden_states: Any, attention_mask: Any = None,
-                   is_index_masked: Any = None, is_index_global_attn: Any = None,
-                   is_global_attn: Any = None, output_attentions: bool = False) -> Any:  # fmt: skip
+def self_attention(
+    self: Any,
+    hidden_states: Any,
+    attention_mask: Any = None,
+    is_index_masked: Any = None,
+    is_index_global_attn: Any = None,
+    is_global_attn: Any = None,
+    output_attentions: bool = False,
+) -> Any:
     """``LongformerSelfAttention.forward`` (and LED's encoder copy of it): ``(output,)``, ``[batch, length,
     embed_dim]``. ``attention_mask`` holds, per token, a large negative value for padding, 0 for local and
     a large positive value for global attention."""
     if output_attentions:
         return type(self).forward(
-            self, hidden_states, attention_mask, is_index_masked, is_index_global_attn,
-            is_global_attn, output_attentions,
-        )  # fmt: skip
+            self,
+            hidden_states,
+            attention_mask,
+            is_index_masked,
+            is_index_global_attn,
+            is_global_attn,
+            output_attentions,
+        )
     import torch
 
     batch, length, _ = hidden_states.shape
@@ -93,15 +104,26 @@ def run_layers(
     return tuple(state[:, : state.shape[1] - padding_len] for state in states)
 
 
-def encoder_forward(self: Any, hidden_states: Any, attention_mask: Any = None, padding_len: int = 0,
-                    output_attentions: bool = False, output_hidden_states: bool = False,
-                    return_dict: bool = True) -> Any:  # fmt: skip
+def encoder_forward(
+    self: Any,
+    hidden_states: Any,
+    attention_mask: Any = None,
+    padding_len: int = 0,
+    output_attentions: bool = False,
+    output_hidden_states: bool = False,
+    return_dict: bool = True,
+) -> Any:
     """``LongformerEncoder.forward``, its layers run by :func:`run_layers`."""
     if output_attentions:
         return type(self).forward(
-            self, hidden_states, attention_mask, padding_len, output_attentions,
-            output_hidden_states, return_dict,
-        )  # fmt: skip
+            self,
+            hidden_states,
+            attention_mask,
+            padding_len,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
+        )
     import sys
 
     states = run_layers(self.layer, hidden_states, attention_mask, padding_len)

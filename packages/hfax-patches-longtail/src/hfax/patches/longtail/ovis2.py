@@ -13,18 +13,38 @@ import dataclasses
 from typing import Any
 
 
-def model_forward(self: Any, input_ids: Any = None, pixel_values: Any = None,
-                  attention_mask: Any = None, position_ids: Any = None, inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None,
-                  mm_encoder_outputs: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+def model_forward(
+    self: Any,
+    input_ids: Any = None,
+    pixel_values: Any = None,
+    attention_mask: Any = None,
+    position_ids: Any = None,
+    inputs_embeds: Any = None,
+    labels: Any = None,
+    use_cache: Any = None,
+    mm_encoder_outputs: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``Ovis2Model.forward``: token ids and images are merged into embeddings here (the image features
     at the image tokens, as transformers scatters them, and the indicators by ``torch.where``), then
     transformers' forward runs the language model on them. Any other call is transformers' own."""
     # The cache, if any, is among kwargs under the release's name for it.
-    rest = dict(attention_mask=attention_mask, position_ids=position_ids, labels=labels,
-                use_cache=use_cache, **kwargs)  # fmt: skip
+    rest = dict(
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        labels=labels,
+        use_cache=use_cache,
+        **kwargs,
+    )
     if input_ids is None or inputs_embeds is not None or pixel_values is None or mm_encoder_outputs:
-        return type(self).forward(self, input_ids, pixel_values, inputs_embeds=inputs_embeds,
-                                  mm_encoder_outputs=mm_encoder_outputs, **rest)  # fmt: skip
+        return type(self).forward(
+            self,
+            input_ids,
+            pixel_values,
+            inputs_embeds=inputs_embeds,
+            mm_encoder_outputs=mm_encoder_outputs,
+            **rest,
+        )
     import torch
 
     embeds = self.get_input_embeddings()(input_ids)

@@ -60,8 +60,14 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     written = cache.get_seq_length() if cache is not None else 0
     padding_idx = self.position_embeddings.padding_idx
     slots = kwargs.get("attention_mask")
-    fed = next((kwargs[name].shape[1] for name in ("input_ids", "inputs_embeds")
-                if kwargs.get(name) is not None), None)  # fmt: skip
+    fed = next(
+        (
+            kwargs[name].shape[1]
+            for name in ("input_ids", "inputs_embeds")
+            if kwargs.get(name) is not None
+        ),
+        None,
+    )
     if _empty(written) and fed is not None and slots is not None:
         # A prefill into an empty full-length cache (torch_xla's): transformers builds its masks for the
         # fed tokens alone, which fill the first slots.
@@ -169,11 +175,16 @@ class _Prefilled:
         return keys[:, :, : self.fed], values[:, :, : self.fed]
 
 
-def ngram_attention_forward(self: Any, hidden_states: Any,
-                            attention_mask: Any = None, extended_predict_attention_mask: Any = None,
-                            main_relative_position_buckets: Any = None,
-                            predict_relative_position_buckets: Any = None, position_ids: Any = None,
-                            **kwargs: Any) -> Any:  # fmt: skip
+def ngram_attention_forward(
+    self: Any,
+    hidden_states: Any,
+    attention_mask: Any = None,
+    extended_predict_attention_mask: Any = None,
+    main_relative_position_buckets: Any = None,
+    predict_relative_position_buckets: Any = None,
+    position_ids: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``ProphetNetNgramSelfAttention.forward``: a decode step gets the buckets and the masks transformers'
     cache would give it, from the slots. (transformers' layer passes the cache by keyword, under the
     release's name for it.)"""

@@ -23,8 +23,13 @@ from typing import Any
 from hfax.generation.traits import GenerationTraits
 
 
-def qwen4_exp_blocks(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any,
-                     past_key_values: Any) -> Any:  # fmt: skip
+def qwen4_exp_blocks(
+    self: Any,
+    hidden_states: Any,
+    position_embeddings: Any,
+    attention_mask: Any,
+    past_key_values: Any,
+) -> Any:
     """``Qwen4ExpTextQSAIndexer.forward``: the boolean ``[batch, 1, queries, keys]`` mask of the keys each
     query attends to, as transformers' loop selects them."""
     import torch

@@ -11,7 +11,7 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
   which also writes in place, and prefill hands such a model the prompt's 2-D mask. An
   encoder-decoder's is transformers' ``EncoderDecoderCache``: ``StaticLayer`` self-attention, and
   cross-attention layers as long as the encoder's output, filled once in prefill and read after. The mask
-  comes from :func:`hfax.masks.attention_mask` under the model's mask plan: ready 4-D masks (sliding and chunked
+  comes from :func:`hfax.masks.attention_mask` under the model's mask form: ready 4-D masks (sliding and chunked
   spans), or the 2-D padding mask for models that build theirs themselves (ALiBi, recurrent layers).
 * Prefill runs once per call as one lazy-tensor graph, with the first token's choice (one compilation per
   bucket, then a cache hit; an encoder-decoder's encoder runs in it, on text ids or audio features); the
@@ -23,8 +23,8 @@ hfax-core's driver (:mod:`hfax.generation.driver`) settles a request and calls :
   leaves the token state as it is, so the state read back is the one the core's loop condition stops at.
 * On CPU, a batched call of :data:`linear.TRANSPOSE_FROM_STEPS` new tokens or more multiplies by an
   ``[in, out]`` copy of every ``nn.Linear`` weight, made once per call (:mod:`hfax.backends.torchxla.linear`).
-* Compiled programs cost host memory that is never given back (on CPU, each maps its code: about 70
-  programs of the 134M model exhaust ``vm.max_map_count`` and the process dies in LLVM). A process-wide
+* Compiled programs cost host memory that is never given back (on CPU, each maps its code, and enough of
+  them exhaust ``vm.max_map_count``: the process dies in LLVM; the package README has the count). A process-wide
   compile budget (``HFAX_TORCHXLA_COMPILE_BUDGET`` programs) bounds them: past it, a request runs in the
   smallest bucket already compiled that holds it, or fails with an error that says so.
 """
@@ -120,7 +120,7 @@ class Static:
     """Everything about one bucket's programs that is not a tensor (hashable; dynamo guards on it)."""
 
     decoding: tokens.Decoding
-    mask_plan: masks.MaskPlan
+    mask_form: masks.MaskForm
     pass_positions: bool
     logits_to_keep: bool
     encoder_decoder: bool = False
@@ -139,9 +139,18 @@ _trace_seconds = [0.0]
 _STATICS: dict[Static, Static] = {}
 
 
-def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: Any, query_slots: Any,
-            static: Static, inputs: dict[str, Any] | None = None,
-            source: dict[str, Any] | None = None, at: Any = None) -> Any:  # fmt: skip
+def _logits(
+    module: Any,
+    cache: Cache | None,
+    ids: Any,
+    positions: Any,
+    valid: Any,
+    query_slots: Any,
+    static: Static,
+    inputs: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
+    at: Any = None,
+) -> Any:
     """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits, or
     position ``at``'s (``[1]``: a model without a cache reads the whole sequence).
     ``inputs`` are the model's other inputs (images, ...: prefill only); ``source`` an encoder-decoder's
@@ -153,7 +162,7 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
     mask = (
         None
         if valid is None
-        else masks.attention_mask(static.mask_plan, valid, query_slots, module.dtype, blocks)
+        else masks.attention_mask(static.mask_form, valid, query_slots, module.dtype, blocks)
     )
     kwargs: dict[str, Any] = {}
     if static.cache_argument:
@@ -182,9 +191,17 @@ def _logits(module: Any, cache: Cache | None, ids: Any, positions: Any, valid: A
     return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :]
 
 
-def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, arrays: Any,
-            static: Static, inputs: dict[str, Any] | None = None,
-            source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def prefill(
+    module: Any,
+    cache: Cache,
+    ids: Any,
+    prompt_mask: Any,
+    valid: Any,
+    arrays: Any,
+    static: Static,
+    inputs: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run the prompt (and the model's other ``inputs``: its images run through their encoder here),
     fill the cache, choose the first new token: the token state after the prompt.
 
@@ -194,7 +211,7 @@ def prefill(module: Any, cache: Cache, ids: Any, prompt_mask: Any, valid: Any, a
     positions = torch.where(prompt_mask, prompt_mask.long().cumsum(1) - 1, 1)
     query_slots = torch.arange(length, device=ids.device)
     if not static.cache_argument or (
-        static.mask_plan.two_d and masks.has_recurrent_layers(module.config)
+        static.mask_form.two_d and masks.has_recurrent_layers(module.config)
     ):
         # A model without a cache attends over the prompt alone. Recurrent layers zero their input's padding with the last `length` columns of a 2-D mask, so it
         # is the prompt's, as transformers' generate passes it (its attention layers read it as masking
@@ -221,9 +238,17 @@ def encode(module: Any, source: dict[str, Any]) -> dict[str, Any]:
     return {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
 
 
-def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, seen: Any, limit: Any,
-                arrays: Any, static: Static,
-                source: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def decode_step(
+    module: Any,
+    cache: Cache,
+    chosen: dict[str, Any],
+    valid: Any,
+    seen: Any,
+    limit: Any,
+    arrays: Any,
+    static: Static,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Choose the next token of every row: the program compiled once per bucket.
 
     ``chosen`` is the token state (:mod:`hfax.generation.tokens`), ``valid`` ``[rows, prompt + capacity]``
@@ -241,8 +266,16 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
         positions = (seen + step - 1).view(rows, 1)
         # A purely recurrent model decodes without a mask, as transformers' generate drops it after the
         # prompt: Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
-        logits = _logits(module, cache, last, positions, valid if static.attends else None, slot, static,
-                         source=source)  # fmt: skip
+        logits = _logits(
+            module,
+            cache,
+            last,
+            positions,
+            valid if static.attends else None,
+            slot,
+            static,
+            source=source,
+        )
     else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
         slots = torch.arange(valid.shape[1], device=valid.device)
         ids, last = chosen["ids"], slot
@@ -252,8 +285,9 @@ def decode_step(module: Any, cache: Cache, chosen: dict[str, Any], valid: Any, s
             ids = torch.where(slots == last, static.appended.token, ids)
         so_far = valid & (slots <= last)[None]
         positions = torch.where(so_far, so_far.long().cumsum(1) - 1, 1)
-        logits = _logits(module, None, ids, positions, so_far, slots, static, source=source,
-                         at=last)  # fmt: skip
+        logits = _logits(
+            module, None, ids, positions, so_far, slots, static, source=source, at=last
+        )
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
     if (
@@ -434,7 +468,7 @@ class TorchXlaEngine:
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    def start(self, plan: driver.Plan) -> Run:
+    def start(self, padded: driver.PaddedRequest) -> Run:
         model = self.model
         handled = ATTENTION_KINDS | RECURRENT_KINDS | HYBRID_KINDS | INDEXED_KINDS
         other = sorted({kind for kind, _ in _cache_kinds(model.config)} - handled)
@@ -444,9 +478,9 @@ class TorchXlaEngine:
                 "generate on torch_xla keeps attention keys and values, indexer keys and linear-attention states only: use "
                 "backend='jax' (its slot cache carries these layers), or transformers' own generate"
             )
-        ids, mask = plan.ids, plan.mask
-        source_shapes = tuple(sorted((n, v.shape) for n, v in (plan.source or {}).items()))
-        wanted = Bucket(ids.shape[0], plan.decoding, plan.positions, source_shapes)
+        ids, mask = padded.ids, padded.mask
+        source_shapes = tuple(sorted((n, v.shape) for n, v in (padded.source or {}).items()))
+        wanted = Bucket(ids.shape[0], padded.decoding, padded.positions, source_shapes)
         chosen = choose_bucket(model.buckets, wanted)
         new_bucket = chosen not in model.buckets
         model.buckets.add(chosen)
@@ -456,23 +490,25 @@ class TorchXlaEngine:
         grow = (
             decoding.prompt - ids.shape[1]
         )  # a larger bucket: more left padding, masked like the rest
-        filler = plan.arrays["filler"]
+        filler = padded.arrays["filler"]
         ids = np.pad(ids, ((0, 0), (grow, 0)), constant_values=filler)
         mask = np.pad(mask, ((0, 0), (grow, 0)))
         valid = np.concatenate([mask, np.ones((ids.shape[0], decoding.capacity), bool)], 1)
         static = Static(
             decoding=decoding,
-            mask_plan=masks.plan(model.config, model.module),
-            pass_positions=plan.positions,
+            mask_form=masks.form(model.config, model.module),
+            pass_positions=padded.positions,
             logits_to_keep=accepts(model.module, "logits_to_keep"),
-            encoder_decoder=plan.source is not None,
+            encoder_decoder=padded.source is not None,
             cache_argument=cache_argument,
             attends=_attends(model.config),
-            appended=None if plan.source is not None else generation_traits(model.module).appended,
+            appended=None
+            if padded.source is not None
+            else generation_traits(model.module).appended,
         )
         static = _STATICS.setdefault(static, static)
         device = runtime.device()
-        arrays = _on_device(plan.arrays, device)
+        arrays = _on_device(padded.arrays, device)
         cache = (
             _cache(model.config, valid.shape[1], static.encoder_decoder) if cache_argument else None
         )
@@ -480,20 +516,27 @@ class TorchXlaEngine:
         if linear.wanted(runtime.platform(), model.mesh, ids.shape[0], decoding.capacity):
             weights = linear.copies(model.module)
         on_device = _on_device({"ids": ids.astype(np.int64), "mask": mask, "valid": valid}, device)
-        inputs = _on_device(_grown_inputs(plan, grow), device)
+        inputs = _on_device(_grown_inputs(padded, grow), device)
         source = None
         with torch.no_grad(), linear.held(weights):
-            if plan.source is not None:
-                source = encode(model.module, _on_device(plan.source, device))
+            if padded.source is not None:
+                source = encode(model.module, _on_device(padded.source, device))
             chosen_tokens = prefill(
-                model.module, cache, on_device["ids"], on_device["mask"], on_device["valid"], arrays,
-                static, inputs, source,
-            )  # fmt: skip
+                model.module,
+                cache,
+                on_device["ids"],
+                on_device["mask"],
+                on_device["valid"],
+                arrays,
+                static,
+                inputs,
+                source,
+            )
             seen = on_device["mask"].sum(1)
             if (
-                plan.offsets is not None
+                padded.offsets is not None
             ):  # multimodal positions: later tokens' positions move by them
-                seen = seen + _on_device(plan.offsets.astype(np.int64), device)
+                seen = seen + _on_device(padded.offsets.astype(np.int64), device)
             torch_xla.sync()  # prefill is one graph; the decode steps start from materialized tensors
         for layer in _layers(cache) if cache is not None else []:
             # transformers marks the buffers as static addresses for CUDA graphs; dynamo would then guard the
@@ -528,9 +571,16 @@ class TorchXlaEngine:
                     traced = run.new_bucket
                     started, compiling = time.perf_counter(), runtime.counters().compile_seconds
                     run.chosen = step_program(
-                        model.module, run.cache, run.chosen, run.valid, run.seen, limit_tensor,
-                        run.arrays, run.static, run.source,
-                    )  # fmt: skip
+                        model.module,
+                        run.cache,
+                        run.chosen,
+                        run.valid,
+                        run.seen,
+                        limit_tensor,
+                        run.arrays,
+                        run.static,
+                        run.source,
+                    )
                     run.steps += 1
                     if (
                         traced
@@ -549,7 +599,7 @@ class TorchXlaEngine:
         for name in (
             "ids",
             "valid",
-        ):  # the columns of the plan's prompt bucket, as the driver counts
+        ):  # the columns of the padded request's prompt bucket, as the driver counts
             state[name] = state[name][:, run.grow :]
         return state
 
@@ -564,12 +614,12 @@ class TorchXlaEngine:
         return counters.compiles, counters.compile_seconds + _trace_seconds[0]
 
 
-def _grown_inputs(plan: driver.Plan, grow: int) -> dict[str, np.ndarray]:
-    """The plan's model inputs for a prompt bucket ``grow`` columns wider: those laid out like the prompt
+def _grown_inputs(padded: driver.PaddedRequest, grow: int) -> dict[str, np.ndarray]:
+    """The model inputs of ``padded`` for a prompt bucket ``grow`` columns wider: those laid out like the prompt
     (token types, positions) padded on the left with zeros, as the prompt is."""
     grown = {}
-    for name, value in plan.inputs.items():
-        aligned = value.shape == plan.ids.shape or name == "position_ids"
+    for name, value in padded.inputs.items():
+        aligned = value.shape == padded.ids.shape or name == "position_ids"
         widths = [(0, 0)] * (value.ndim - 1) + [(grow, 0)]
         grown[name] = np.pad(value, widths) if aligned and grow else value
     return grown

@@ -1,7 +1,7 @@
 """``nn.Linear`` layers that multiply by an ``[in, out]`` copy of their weight while ``generate`` holds one.
 
-torch_xla 2.9's XLA:CPU multiplies a few rows by PyTorch's ``[out, in]`` weight several times slower than
-by the same weight stored ``[in, out]``; one row is as fast or faster ``[out, in]``, so batch 1 keeps it.
+XLA:CPU multiplies a few rows faster by a weight stored ``[in, out]`` than by PyTorch's ``[out, in]``; one
+row is as fast or faster ``[out, in]``, so batch 1 keeps it.
 A bfloat16 weight is copied as float32: XLA:CPU has no bfloat16 product and would convert every weight on
 every step; the copy is that conversion, done once per call, and the tokens are the same (the tests
 compare them). The package README has the measurements.
@@ -20,8 +20,9 @@ from typing import Any, Iterator
 import torch
 
 #: The fewest rows, and new tokens, for which a call on CPU multiplies by ``[in, out]`` weights.
-#: Rows: measured (one row is as fast or faster ``[out, in]``). Steps: the JAX backend's threshold for its
-#: transposed copy, not measured separately here.
+#: Rows: one row is as fast or faster ``[out, in]``. Steps: the JAX backend's threshold for its transposed
+#: copy (:data:`hfax.backends.jax.decode_layout.TRANSPOSE_FROM_STEPS`), which a copy made once per call
+#: must pay back. Tested in packages/hfax-torchxla/tests/test_generate.py.
 TRANSPOSE_FROM_ROWS = 2
 TRANSPOSE_FROM_STEPS = 64
 #: The attribute under which an ``nn.Linear`` holds its ``[in, out]`` copy while a call runs.

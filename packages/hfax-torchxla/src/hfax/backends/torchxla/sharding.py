@@ -1,7 +1,7 @@
 """Weights on the XLA device (moved from the module's host tensors, or read from the safetensors checkpoint
 one at a time), and over a device mesh with SPMD (``torch_xla.distributed.spmd``).
 
-On a mesh, every weight is marked with the layout the family's :class:`~hfax.registry.ShardingPlan` gives it
+On a mesh, every weight is marked with the layout the family's :class:`~hfax.specs.ShardingPlan` gives it
 (``ShardingPlan.spec_on``, the same rule the JAX backend follows); the XLA compiler's sharding propagation
 places activations and the KV cache and inserts the collectives.
 """
@@ -20,7 +20,7 @@ from hfax import checkpoints, tensors
 from hfax.backends.torchxla import runtime
 from hfax.backends.torchxla.safetensors_reader import SafetensorsFile
 from hfax.checkpoints import Checkpoint
-from hfax.registry import MESH_AXES, Layout, ShardingPlan, configured_device_memory
+from hfax.specs import MESH_AXES, Layout, ShardingPlan, configured_device_memory
 
 
 def make_mesh(**axis_sizes: int) -> xs.Mesh:
