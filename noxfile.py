@@ -88,6 +88,13 @@ def drops_venv(function):
     return run
 
 
+#: The venv backend of the sessions that only install and run (not those that run pip itself: ``install``
+#: checks the README's pip command and pip's resolution, ``torchxla`` installs hash-checked wheels with pip,
+#: ``wheels`` builds with pip): uv installs from its cache by linking, where pip unpacks every wheel again
+#: (torch and jax for each session). nox[uv] brings it (.ci/run, README).
+UV = "uv"
+
+
 #: The packages of the JAX stack, which `hfax[jax]` installs and `integration` tests together (all of them
 #: that share constraints.txt's torch).
 INTEGRATED = [
@@ -184,7 +191,7 @@ def run_tests(session: nox.Session, *paths: Path | str, env: dict[str, str] = TE
 TYPED = ("hfax", "hfax.auto", "hfax.hookspecs", "hfax.plugins", "hfax.patching", "hfax.specs")
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 @drops_venv
 def lint(session: nox.Session) -> None:
     """ruff format --check and ruff check over the whole tree; mypy over hfax-core's public API."""
@@ -197,7 +204,7 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *modules, env=source)
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 @drops_venv
 def core(session: nox.Session) -> None:
     """hfax-core alone: no torch, no jax."""
@@ -304,16 +311,24 @@ def missing_wheels(pins: list[tuple[Requirement, str]], directory: Path) -> list
     return [entry for key, entry in wanted if key not in held]
 
 
-#: tests/test_generate_features.py on torch_xla, in three processes that run beside the session's other
+#: tests/test_generate_features.py on torch_xla, in two processes that run beside the session's other
 #: runs (:func:`run_processes`): the file compiles about 100 programs, the most of any run. The first group
-#: is every processor on Llama, beam search, EOS stopping, fresh and seeded sampling, result types and
-#: BART; the second the processors on Gemma 3; the last everything else, so a new case runs somewhere.
+#: is the processors, beam search, EOS stopping, fresh and seeded sampling, result types and BART; the
+#: second everything else, so a new case runs somewhere.
 _FIRST = (
-    "(llama and greedy_processors) or beam_search or batch_of_one or eos_none"
+    "greedy_processors or beam_search or batch_of_one or eos_none"
     " or sampling_is_fresh or result_has_the_type or encoder_decoder"
 )
-_SECOND = "gemma3 and greedy_processors"
-TORCHXLA_FEATURE_GROUPS = (_FIRST, _SECOND, f"not ({_FIRST}) and not ({_SECOND})")
+TORCHXLA_FEATURE_GROUPS = (_FIRST, f"not ({_FIRST})")
+
+#: hfax-torchxla's tests in two processes, split by file (a file's tests count the programs their process
+#: compiled since the file's own first call, never another file's): the layers, sharding and plugin files,
+#: and the rest.
+TORCHXLA_PACKAGE_GROUPS = (
+    ("test_generate_layers.py", "test_sharding.py", "test_plugin.py"),
+    ("test_forward.py", "test_generate.py", "test_generate_multimodal.py",
+     "test_generate_seq2seq.py", "test_load.py"),
+)  # fmt: skip
 
 
 def fetch_torchxla_wheels(session: nox.Session) -> Path:
@@ -380,8 +395,17 @@ def torchxla(session: nox.Session) -> None:
     env = {**TEST_ENV, "PJRT_DEVICE": "CPU", "HFAX_TORCHXLA_COMPILE_BUDGET": "1000"}
     tests = ROOT / "tests"
     features = [str(tests / "test_generate_features.py")]
+    grouped = {name for group in TORCHXLA_PACKAGE_GROUPS for name in group}
+    ungrouped = sorted(
+        path.name for path in (directory / "tests").glob("test_*.py") if path.name not in grouped
+    )
+    if ungrouped:
+        session.error(
+            f"TORCHXLA_PACKAGE_GROUPS runs no group with {', '.join(ungrouped)}: add them"
+        )
+    # The longest first: two at a time, the session lasts as long as its busier half.
     runs = [
-        [str(directory / "tests")],
+        *([str(directory / "tests" / name) for name in group] for group in TORCHXLA_PACKAGE_GROUPS),
         [str(tests / "test_parity.py"), str(tests / "test_forward_vision.py")],
         *([*features, "-k", group] for group in TORCHXLA_FEATURE_GROUPS),
     ]
@@ -689,7 +713,7 @@ def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> 
     session.install("-c", str(constraints), *editables, "openai", f"{ROOT}[demo]", "pytest-xdist")
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 @drops_venv
 def integration(session: nox.Session) -> None:
     """The JAX stack in one venv: the tests of hfax-jax and of each family plugin, and tests/ (cross-package;
@@ -761,7 +785,7 @@ def run_transformers_slice(session: nox.Session, release: str) -> None:
     run_tests(session, *(ROOT / path for path in TRANSFORMERS_SLICE))
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 @drops_venv
 def transformers_oldest(session: nox.Session) -> None:
     """The representative slice (TRANSFORMERS_SLICE) against the oldest transformers the packages declare."""
@@ -776,7 +800,7 @@ def pinned_transformers() -> str:
     raise ValueError("constraints.txt pins no transformers release")
 
 
-@nox.session
+@nox.session(venv_backend=UV, venv_params=["--seed"])  # pip's dry run reads the index
 @drops_venv
 def transformers_newest(session: nox.Session) -> None:
     """The representative slice against the newest transformers on the index that the packages accept,
@@ -845,10 +869,17 @@ def bench_train(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
-    """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX."""
+    """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX. Without
+    arguments, then the checks of the demo's commands on it (tests/test_real_gemma.py's `hfax generate` and
+    `hfax chat` processes, minutes of CPU outside the CI set)."""
     packages = [str(PACKAGES / package) for package in INTEGRATED]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
+    if not session.posargs:
+        session.install("-c", str(CONSTRAINTS), "pytest", str(PACKAGES / "hfax-testing"))
+        real = ROOT / "tests" / "test_real_gemma.py"
+        env = {**TEST_ENV, "HFAX_DEMO_TESTS": "1"}
+        session.run("pytest", "--import-mode=importlib", str(real), "-k", "cli", env=env)
 
 
 #: Run by `nox -s finetune` after training: PEFT loads the adapter onto the base model, and it lowers

