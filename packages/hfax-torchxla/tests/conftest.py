@@ -10,6 +10,13 @@ os.environ.setdefault("HFAX_TORCHXLA_COMPILE_BUDGET", "1000")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hfax_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """hfax's cache in a folder of the run, set before any test starts torch_xla's runtime (which fixes its
+    persistent cache folder once per process), whichever file runs first."""
+    os.environ.setdefault("HFAX_CACHE", str(tmp_path_factory.mktemp("hfax-cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """``tiny(name, auto_class)`` -> (checkpoint dir, PyTorch reference model, hfax PyTorch/XLA model), built once."""
