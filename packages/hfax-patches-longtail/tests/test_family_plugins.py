@@ -141,7 +141,11 @@ def test_xlnet_and_git_patch_on_torch_xla_alone_and_xlm_everywhere():
 
 
 #: The distributions that serve every model, and the package each puts into the ``hfax`` namespace.
-THIN = {"hfax-core": "hfax", "hfax-jax": "hfax.backends.jax", "hfax-torchxla": "hfax.backends.torchxla"}
+THIN = {
+    "hfax-core": "hfax",
+    "hfax-jax": "hfax.backends.jax",
+    "hfax-torchxla": "hfax.backends.torchxla",
+}
 
 
 def sources(distribution):
