@@ -1,15 +1,18 @@
 """The long-tail families as plugins: one per entry point, each claiming below a dedicated family, patching
-the models whose configs hold its model types, blocked by its name; and hfax-core naming none of them."""
+the models whose configs hold its model types, blocked by its name; and neither hfax-core nor a backend
+naming any of them."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from transformers.models.auto import modeling_auto
 
 import hfax
 from hfax import plugins
@@ -32,7 +35,7 @@ def longtail_families():
 
 def test_each_entry_point_is_one_loaded_family():
     infos = [info for info in plugins.plugin_infos() if info.distribution == DISTRIBUTION]
-    assert len(infos) >= 23
+    assert {"xlm", "xlnet", "git"} <= {info.name for info in infos} and len(infos) >= 25
     for info in infos:
         assert (info.status, info.families) == ("loaded", (info.name,)), info
     for name, spec in longtail_families().items():
@@ -62,19 +65,20 @@ def test_model_types_are_read_from_sub_configs():
     assert {"vision-encoder-decoder", "vit", "trocr"} <= model_types(vision)
 
 
-def bound(model, class_name):
-    """Whether hfax patched the forward of ``model``'s modules of class ``class_name`` (there are some)."""
+def bound(model, class_name, method="forward"):
+    """Whether hfax patched ``method`` of ``model``'s modules of class ``class_name`` (there are some)."""
     modules = [module for module in model.modules() if type(module).__name__ == class_name]
     assert modules, class_name
-    return all("forward" in vars(module) for module in modules)
+    return all(method in vars(module) for module in modules)
 
 
-def patched(config, auto="AutoModelForCausalLM"):
-    """A model of ``config`` (on the meta device) after every plugin's ``hfax_patch_model``."""
+def patched(config, auto="AutoModelForCausalLM", backend="none"):
+    """A model of ``config`` (on the meta device) after every plugin's ``hfax_patch_model`` for
+    ``backend``."""
     with torch.device("meta"):
         model = getattr(transformers, auto).from_config(config)
     plugins.get_plugin_manager().hook.hfax_patch_model(
-        model=model, family=hfax.detect_family(config), backend="none", patcher=Patcher(model)
+        model=model, family=hfax.detect_family(config), backend=backend, patcher=Patcher(model)
     )
     return model
 
@@ -98,33 +102,108 @@ def test_blocking_one_family_drops_exactly_its_patches(fresh_plugins, blocked):
     assert hfax.detect_family(bert2bert.config) == "generic" and bound(bert2bert, "BertEmbeddings")
 
 
-def test_hfax_core_names_no_long_tail_model_type():
-    # hfax-core holds what serves every model: a long-tail family's model type (an identifier or a string)
-    # in its source would be a branch or table for one architecture, which belongs in the family's plugin.
+XLNET = transformers.XLNetConfig(d_model=32, n_layer=1, n_head=4, d_inner=64, vocab_size=64)
+GIT = transformers.GitConfig(
+    vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                   "num_attention_heads": 4, "image_size": 32, "patch_size": 16},
+    vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+)  # fmt: skip
+XLM = transformers.XLMConfig(vocab_size=64, emb_dim=32, n_layers=1, n_heads=4)
+
+
+def torch_xla_patches():
+    """Whether XLNet's memory, GIT's model and XLM's lengths are patched, for torch_xla."""
+    return (
+        bound(patched(XLNET, backend="torch_xla"), "XLNetModel", "cache_mem"),
+        bound(patched(GIT, backend="torch_xla"), "GitModel"),
+        bound(patched(XLM, "AutoModelForMaskedLM", backend="torch_xla"), "XLMModel"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("blocked", "expected"),
+    [(None, (True, True, True)), ("xlnet", (False, True, True)), ("git", (True, False, True)),
+     ("xlm", (True, True, False))],
+)  # fmt: skip
+def test_blocking_xlnet_git_or_xlm_drops_exactly_its_patch(fresh_plugins, blocked, expected):
+    if blocked:
+        fresh_plugins.setenv("HFAX_BLOCK_PLUGINS", blocked)
+    plugins.reset_plugins()
+    assert hfax.detect_family(XLNET) == ("generic" if blocked == "xlnet" else "xlnet")
+    assert torch_xla_patches() == expected
+
+
+def test_xlnet_and_git_patch_on_torch_xla_alone_and_xlm_everywhere():
+    # torch_xla refuses XLNet's slice and GIT's branch on a tensor count; JAX runs transformers' code.
+    assert not bound(patched(XLNET, backend="jax"), "XLNetModel", "cache_mem")
+    assert not bound(patched(GIT, backend="jax"), "GitModel")
+    assert bound(patched(XLM, "AutoModelForMaskedLM", backend="jax"), "XLMModel")
+
+
+#: The distributions that serve every model, and the package each puts into the ``hfax`` namespace.
+THIN = {
+    "hfax-core": "hfax",
+    "hfax-jax": "hfax.backends.jax",
+    "hfax-torchxla": "hfax.backends.torchxla",
+}
+
+
+def sources(distribution):
+    """The ``.py`` files of ``distribution``'s package: as the distribution records them (installed from
+    a wheel, the hfax folder also holds the other distributions of the namespace), or, from an editable
+    install, which records none, its package's folders (hfax-core's hfax folder is its own alone)."""
+    package = THIN[distribution]
+    relative = package.replace(".", "/")
+    recorded = [
+        Path(file.locate())
+        for file in importlib.metadata.files(distribution) or []
+        if file.suffix == ".py" and file.as_posix().startswith(relative + "/")
+    ]
+    if recorded:
+        return recorded
+    folders = importlib.util.find_spec(package).submodule_search_locations or []
+    return [path for folder in folders for path in Path(folder).rglob("*.py")]
+
+
+def always_tuple(names):
+    """A mapping's value: one class name or several."""
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+@pytest.mark.parametrize("distribution", sorted(THIN))
+def test_core_and_the_backends_name_no_long_tail_model_type(distribution):
+    # hfax-core and the backends hold what serves every model: a long-tail family's model type or one of
+    # transformers' classes for it (an identifier or a string) in their source would be a branch or table
+    # for one architecture, which belongs in the family's plugin.
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{distribution} is not installed")
     types = sorted({t for spec in longtail_families().values() for t in spec.model_types})
-    assert {"prophetnet", "gpt_neo", "recurrent_gemma", "xlm", "flaubert", "whisper"} <= set(types)
-    # a model type between non-alphanumerics: "bart", transformers.models.bart, bart_classifier
+    assert {"prophetnet", "xlm", "flaubert", "xlnet", "git", "whisper"} <= set(types)
+    classes = {
+        name
+        for key, mapping in vars(modeling_auto).items()
+        if key.endswith("_MAPPING_NAMES")
+        for model_type in types
+        for name in always_tuple(mapping.get(model_type, ()))
+    }
+    assert {"XLMModel", "FlaubertModel", "XLNetModel", "GitModel"} <= classes
+    # a model type between non-alphanumerics: "bart", transformers.models.bart, bart_classifier; a class
+    # name whole: "XLMModel"
     pattern = re.compile(
         r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, types)) + r")(?![A-Za-z0-9])"
+        r"|(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, sorted(classes))) + r")(?![A-Za-z0-9_])"
     )
-    # hfax-core's own files, as its distribution records them: installed from a wheel, the hfax folder also
-    # holds the other distributions of the namespace (this one among them).
-    sources = [
-        Path(file.locate())
-        for file in importlib.metadata.files("hfax-core") or []
-        if file.suffix == ".py" and file.parts[0] == "hfax"
-    ]
-    if not sources:  # an editable install records no sources: its hfax folder is hfax-core's alone
-        core = Path(hfax.__file__).parent
-        sources = list(core.rglob("*.py"))
-    assert any(path.name == "auto.py" for path in sources), sources
+    paths = sources(distribution)
+    assert {"auto.py", "plugin.py"} & {path.name for path in paths}, paths
     found = [
         f"{path}:{number}: {line.strip()}"
-        for path in sorted(sources)
+        for path in sorted(paths)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
-    assert not found, "hfax-core names long-tail architectures:\n" + "\n".join(found)
+    assert not found, f"{distribution} names long-tail architectures:\n" + "\n".join(found)
 
 
 def on_meta(config, model_class):

@@ -29,10 +29,11 @@ from hfax.testing import (
 from hfax.validation import CHECK_IDS
 
 
-def patch(model, family):
-    """``model`` patched by the long-tail family ``family`` alone; fails when nothing was patched."""
+def patch(model, family, backend="none"):
+    """``model`` patched for ``backend`` by the long-tail family ``family`` alone; fails when nothing was
+    patched."""
     patcher = Patcher(model)
-    getattr(families, family).hfax_patch_model(model=model, patcher=patcher)
+    getattr(families, family).hfax_patch_model(model=model, backend=backend, patcher=patcher)
     assert patcher.patched, f"the {family} family patched nothing"
     return model
 
@@ -44,10 +45,11 @@ def tiny(config, auto="AutoModelForCausalLM"):
     return model.eval()
 
 
-def assert_patch_keeps(model, family, **inputs):
-    """The model's logits for ``inputs`` are the same before and after ``family``'s patch."""
+def assert_patch_keeps(model, family, backend="none", **inputs):
+    """The model's logits for ``inputs`` are the same before and after ``family``'s patch for
+    ``backend``."""
     expected = reference_forward(model, **inputs).logits.float().numpy()
-    actual = reference_forward(patch(model, family), **inputs).logits.float().numpy()
+    actual = reference_forward(patch(model, family, backend), **inputs).logits.float().numpy()
     np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -119,6 +121,40 @@ def test_classifiers_pool_the_last_eos_and_check_the_counts(tmp_path, family):
     getattr(reference, CHECK_IDS)(np.array([[5, eos, 7, eos], [eos, 6, 7, eos]]))
     with pytest.raises(ValueError, match="same number of <eos> tokens"):
         getattr(reference, CHECK_IDS)(np.array([[5, eos, 7, eos], [5, 6, 7, 8]]))
+
+
+@pytest.mark.parametrize("config_class", ["XLMConfig", "FlaubertConfig"])
+def test_lengths_checked_from_the_rows_widths(config_class):
+    # Given a padding mask, XLM's and Flaubert's lengths serve only checks, answered by the rows' widths.
+    config = getattr(transformers, config_class)(
+        vocab_size=64, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64
+    )
+    model = tiny(config, "AutoModelForMaskedLM")
+    assert_patch_keeps(model, "xlm", input_ids=IDS, attention_mask=MASK)
+
+
+def test_xlnet_memory_kept_by_a_clamped_slice():
+    # mem_len 512 over 7 positions: transformers' x[-512:] clamps in PyTorch; the patch clamps itself.
+    config = transformers.XLNetConfig(
+        d_model=32, n_layer=2, n_head=4, d_inner=64, vocab_size=64, mem_len=512
+    )
+    model = tiny(config)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor(IDS), use_mems=True)
+        actual = patch(model, "xlnet", "torch_xla")(input_ids=torch.tensor(IDS), use_mems=True)
+    torch.testing.assert_close(actual.logits, expected.logits)
+    for got, want in zip(actual.mems, expected.mems, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_git_decode_step_reads_a_count_of_one_over_the_same_layers():
+    from transformers.cache_utils import DynamicCache
+
+    from hfax.patches.longtail.git import DecodeStep
+
+    cache = DynamicCache(config=transformers.GitConfig(num_hidden_layers=2))
+    step = DecodeStep(cache)
+    assert step.layers is cache.layers and step.get_seq_length() == 1
 
 
 def module_of(modeling, name, *args):

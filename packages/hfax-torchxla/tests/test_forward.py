@@ -53,7 +53,7 @@ def test_a_forward_is_one_program_per_shape_without_host_syncs(tiny):
 
 def test_xlnet_keeps_its_memory_though_torch_xla_refuses_slices_from_before_the_start(tmp_path):
     # XLNet keeps the last mem_len (512) positions with `x[-512:]`, which torch_xla 2.9 refuses for
-    # fewer than 512 positions; hfax binds a clamped form (clamped_slices.py).
+    # fewer than 512 positions; the xlnet family binds a clamped form on torch_xla.
     import transformers
 
     import hfax

@@ -426,7 +426,7 @@ def test_prophetnet_decodes_over_the_static_cache(tmp_path):
 
 def test_git_branching_on_the_cache_count(tmp_path):
     # GIT's model compares the cache's count with 0 (to widen a 2-D mask over its cached image tokens),
-    # which dynamo cannot trace on a decode step's tensor count: hfax.backends.torchxla.step_counts.
+    # which dynamo cannot trace on a decode step's tensor count: hfax.patches.longtail.git.
     config = transformers.GitConfig(
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                        "num_attention_heads": 4, "image_size": 32, "patch_size": 16},

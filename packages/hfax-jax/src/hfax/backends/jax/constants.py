@@ -73,29 +73,3 @@ def folding(active: bool) -> Iterator[None]:
         return
     with jax.ensure_compile_time_eval():
         yield
-
-
-def lengths_of_the_rows(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """XLM's and Flaubert's base ``forward``: given a padding mask, they read their ``lengths`` only to check
-    them against the width with ``lengths.max().item()`` (a traced count has no value to read). So a call
-    with a mask and no lengths gets every row's width as its lengths, computed while tracing, and the checks
-    read it; the mask masks as before. Without a mask, their lengths count the tokens that are not padding,
-    which only the traced ids know: that call fails as before."""
-    import torch
-
-    ids = args[0] if args else kwargs.get("input_ids")
-    inputs = ids if ids is not None else kwargs.get("inputs_embeds")
-    if kwargs.get("lengths") is not None or kwargs.get("attention_mask") is None or inputs is None:
-        return type(self).forward(self, *args, **kwargs)
-    rows, width = inputs.shape[:2]
-    with folding(True):
-        kwargs["lengths"] = torch.full((rows,), width, dtype=torch.long)
-        return type(self).forward(self, *args, **kwargs)
-
-
-#: transformers' classes whose forward reads a size from an input with ``.item()``: class name -> (method,
-#: its replacement).
-SIZE_READS = {
-    "XLMModel": ("forward", lengths_of_the_rows),
-    "FlaubertModel": ("forward", lengths_of_the_rows),
-}

@@ -54,7 +54,7 @@ class Static:
     encoder_decoder: bool = False
     constants: tuple[held.Constant, ...] = ()
     blocks: bool = False
-    appended: Appended | None = None  # XLM: a token after the tokens so far at every step
+    appended: Appended | None = None  # a token after the tokens so far at every step
 
     @property
     def attends(self) -> bool:

@@ -24,17 +24,14 @@ def hfax_backends() -> list[BackendSpec]:
 @hookimpl
 def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> None:
     """Attention through hfax's JAX kernel for the families that declare transformers' attention
-    contract (``FamilySpec.features``); every other model keeps its own. Models that read a size from an
-    input in Python get it while tracing (:data:`hfax.backends.jax.constants.SIZE_READS`). Expert layers
-    run transformers' ``"grouped_mm"``, which :mod:`hfax.backends.jax.lowerings` lowers to
-    ``ragged_dot``, also where the class defaults to its eager loop (:func:`hfax.experts.compile_experts`)."""
+    contract (``FamilySpec.features``); every other model keeps its own. Expert layers run transformers'
+    ``"grouped_mm"``, which :mod:`hfax.backends.jax.lowerings` lowers to ``ragged_dot``, also where the
+    class defaults to its eager loop (:func:`hfax.experts.compile_experts`)."""
     if backend != NAME:
         return
     from hfax import experts, plugins
-    from hfax.backends.jax import constants
     from hfax.specs import ATTENTION_INTERFACE
 
-    patcher.bind_by_class(model, constants.SIZE_READS)
     experts.compile_experts(model, patcher, "grouped_mm")
 
     spec = plugins.families().get(family)

@@ -17,9 +17,9 @@ structure, shapes, dtypes and shardings of its arguments; the model's config (no
 from), family and every hfax patch on it; the model instance itself, module by module: each module's class
 and the source files of its class hierarchy, its attributes and hooks, so a swapped activation or a PEFT
 wrapper makes another key; the versions of jax, jaxlib, torch, torchax and transformers and the content of
-transformers' own files (an edited or git-installed transformers makes new keys); the text of hfax's own
-modules and of every loaded plugin's package; the JAX platform and the flags that change tracing or
-numerics. A model holding something that cannot be named by content (a function typed into an interactive
+transformers' own files (an edited transformers, or one installed from a checkout, makes new keys); the
+text of hfax's own modules and of every loaded plugin's package; the JAX platform and the flags that change
+tracing or numerics. A model holding something that cannot be named by content (a function typed into an interactive
 session, an object of unknown kind) is not kept on disk at all: its programs are traced in every process.
 Code changed at runtime elsewhere (a monkeypatched transformers function) is not seen:
 ``HFAX_NO_COMPILATION_CACHE=1`` turns this cache off with JAX's.

@@ -53,10 +53,11 @@ def model_types(config: Any) -> set[str]:
 
 class LongTailFamily:
     """One family's hooks: ``name`` claims ``types`` (the top-level ``model_type``), and on every model
-    that holds one of them, on every backend, binds the ``PATCHES`` of module
-    ``hfax.patches.longtail.<name>`` (``{class name: (method, replacement)}``) where it has them and calls
-    its ``patch_model(model, patcher)`` where it has one; ``generate`` asks the same models' traits of its
-    ``generation_traits(model, config)`` where it has one."""
+    that holds one of them binds the ``PATCHES`` of module ``hfax.patches.longtail.<name>`` (``{class
+    name: (method, replacement)}``) where it has them and calls its ``patch_model(model, patcher)`` where
+    it has one; ``generate`` asks the same models' traits of its ``generation_traits(model, config)`` where
+    it has one. The patches apply on every backend, or only on those the module's ``BACKENDS`` names
+    (a fix for what one backend's compiler refuses leaves the others on transformers' code)."""
 
     def __init__(self, name: str, types: tuple[str, ...]) -> None:
         self.name, self.types = name, types
@@ -78,9 +79,9 @@ class LongTailFamily:
         return None
 
     @hookimpl
-    def hfax_patch_model(self, model: Any, patcher: Any) -> None:
+    def hfax_patch_model(self, model: Any, backend: str, patcher: Any) -> None:
         module = self._code(getattr(model, "config", None))
-        if module is None:
+        if module is None or backend not in getattr(module, "BACKENDS", (backend,)):
             return
         if getattr(module, "PATCHES", None):
             patcher.bind_by_class(model, module.PATCHES)

@@ -129,7 +129,7 @@ class Static:
     attends: bool = (
         True  # some layer attends over past tokens (a purely recurrent one decodes unmasked)
     )
-    appended: Appended | None = None  # XLM: a token after the tokens so far at every step
+    appended: Appended | None = None  # a token after the tokens so far at every step
 
 
 #: Seconds spent tracing new buckets' decode steps in this process (XLA's compile time excluded).

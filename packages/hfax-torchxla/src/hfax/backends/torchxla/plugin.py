@@ -26,19 +26,12 @@ def hfax_patch_model(model: Any, family: str, backend: str, patcher: Any) -> Non
     """Every plain ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight while ``generate`` holds
     one (see :mod:`hfax.backends.torchxla.linear`); transformers' expert layers run every expert on every
     token instead of its grouped path, whose token counts torch_xla cannot compute (:mod:`hfax.experts`).
-    Models that read a size from an input in Python get it as a Python value
-    (:data:`hfax.backends.torchxla.size_reads.SIZE_READS`), those that slice from before a tensor's
-    start clamp the slice themselves (:data:`hfax.backends.torchxla.clamped_slices.CLAMPED_SLICES`), and
-    those that branch on the cache's count read a decode step's as a number
-    (:data:`hfax.backends.torchxla.step_counts.STEP_COUNTS`)."""
+    What one architecture needs on torch_xla is its family plugin's (``BACKENDS`` of a long-tail family)."""
     if backend != NAME:
         return
     from hfax import experts
-    from hfax.backends.torchxla import clamped_slices, linear, size_reads, step_counts
+    from hfax.backends.torchxla import linear
 
-    patcher.bind_by_class(model, size_reads.SIZE_READS)
-    patcher.bind_by_class(model, step_counts.STEP_COUNTS)
-    patcher.bind_by_class(model, clamped_slices.CLAMPED_SLICES)
     linear.patch(model, patcher)
     experts.compile_experts(model, patcher, experts.NAME)
 

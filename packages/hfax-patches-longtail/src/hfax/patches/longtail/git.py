@@ -1,13 +1,12 @@
-"""transformers models that branch in Python on the cache's count of tokens, given a count they can branch
-on in torch_xla's decode step.
+"""GIT's model, given a count of cached tokens it can branch on in torch_xla's decode step.
 
 GIT's model widens a 2-D padding mask over its cached image tokens when ``past_key_values_length > 0``.
 hfax's static cache counts with a tensor (one compiled decode step serves every position), and dynamo
 cannot branch on a tensor ("Data-dependent branching"), although hfax hands GIT a ready 4-D mask, for
 which the branch does nothing. So a decode step under dynamo with a 4-D mask gets the cache behind
 :class:`DecodeStep`: the same layers, with a count of 1 (a decode step's count is at least 1). The mask
-functions return a 4-D mask as it is, without reading the count. (hfax-jax's count, ``CacheLength``,
-answers such comparisons itself.)
+functions return a 4-D mask as it is, without reading the count. The JAX backend's count answers such
+comparisons itself, so it keeps transformers' code.
 """
 
 from __future__ import annotations
@@ -18,6 +17,9 @@ import torch
 from transformers.cache_utils import Cache
 
 from hfax.signatures import cache_keyword
+
+#: The backends whose models get :data:`PATCHES`.
+BACKENDS = ("torch_xla",)
 
 
 class DecodeStep(Cache):
@@ -33,7 +35,7 @@ class DecodeStep(Cache):
         return 1
 
 
-def git_model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+def model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``GitModel.forward``; a decode step traced by dynamo with a 4-D mask reads the cache through
     :class:`DecodeStep`."""
     name = cache_keyword(kwargs)  # the release's name for the cache, if one was passed
@@ -50,4 +52,4 @@ def git_model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 #: class name -> (method, its replacement)
-STEP_COUNTS = {"GitModel": ("forward", git_model_forward)}
+PATCHES = {"GitModel": ("forward", model_forward)}

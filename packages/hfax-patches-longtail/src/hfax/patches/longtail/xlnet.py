@@ -1,9 +1,10 @@
-"""transformers code that slices from before a tensor's first element, in a form torch_xla runs.
+"""XLNet's memory, kept with a slice whose start is clamped to the tensor, on torch_xla.
 
 PyTorch clamps a slice's start to the tensor: ``x[-512:]`` of a 10-row ``x`` is all 10 rows. torch_xla 2.9
 refuses it, eager and compiled alike ("Value out of range (expected to be in range of [-10, 9], but got
--512)"). XLNet keeps the last ``mem_len`` (512 by default) hidden states of every layer that way, on every
-forward: without this, no XLNet model runs on torch_xla.
+-512)"). XLNet's ``cache_mem`` keeps the last ``mem_len`` (512 by default) hidden states of every layer
+that way, on every forward: without this, no XLNet model runs on torch_xla. The JAX backend clamps as
+PyTorch does, so it keeps transformers' code.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 
 import torch
 
+#: The backends whose models get :data:`PATCHES`.
+BACKENDS = ("torch_xla",)
 
-def xlnet_cache_mem(
-    self: Any, curr_out: torch.Tensor, prev_mem: torch.Tensor | None
-) -> torch.Tensor:
+
+def cache_mem(self: Any, curr_out: torch.Tensor, prev_mem: torch.Tensor | None) -> torch.Tensor:
     """XLNet's ``cache_mem``: the last ``mem_len`` positions of the previous memory and this layer's output
     (all of them when ``mem_len`` is unset), with the slice's start clamped as PyTorch clamps it."""
     if self.reuse_len is not None and self.reuse_len > 0:
@@ -25,5 +27,5 @@ def xlnet_cache_mem(
     return held[held.shape[0] - kept :].detach()
 
 
-#: transformers' classes that slice from before a tensor's start: class name -> (method, its replacement).
-CLAMPED_SLICES = {"XLNetModel": ("cache_mem", xlnet_cache_mem)}
+#: class name -> (method, its replacement)
+PATCHES = {"XLNetModel": ("cache_mem", cache_mem)}
