@@ -4,6 +4,7 @@ tests run the same models compiled): a tiny random model, its output before and 
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import numpy as np
 import pytest
@@ -161,6 +162,16 @@ def module_of(modeling, name, *args):
     return getattr(importlib.import_module(f"transformers.models.{modeling}"), name)(*args)
 
 
+def counted_keyword(module) -> str:
+    """The keyword under which ``module``'s forward takes the count of cached tokens: ``cache_length`` on
+    transformers 5.24, ``past_key_values_length`` on 5.23 (FSMT's is keyword-only)."""
+    return next(
+        name
+        for name in inspect.signature(type(module).forward).parameters
+        if name.endswith("length")
+    )
+
+
 #: family -> (the embedding, how it is called with a count).
 COUNTED = {
     "mvp": (lambda: module_of("mvp.modeling_mvp", "MvpLearnedPositionalEmbedding", 64, 16),
@@ -172,7 +183,7 @@ COUNTED = {
     "led": (lambda: module_of("led.modeling_led", "LEDLearnedPositionalEmbedding", 64, 16),
             lambda module, ids, count: module(ids.shape, count)),
     "fsmt": (lambda: module_of("fsmt.modeling_fsmt", "SinusoidalPositionalEmbedding", 64, 16, 1),
-             lambda module, ids, count: module(ids, cache_length=count)),
+             lambda module, ids, count: module(ids, **{counted_keyword(module): count})),
     "bert": (lambda: module_of("bert.modeling_bert", "BertEmbeddings", transformers.BertConfig(
                  vocab_size=64, hidden_size=16, max_position_embeddings=64)),
              lambda module, ids, count: module(ids, None, None, None, count)),
