@@ -138,6 +138,8 @@ def test_a_plugin_adds_a_command_that_help_lists_and_that_runs(install, monkeypa
     monkeypatch.setenv("HFAX_STRICT_PLUGINS", "1")
     assert "Say hello from a plugin." in run("--help")
     assert run("hello", "--name", "plugins").strip() == "hello plugins"
+    listed = [line.split() for line in run("plugins").splitlines()]
+    assert ["hello", "hfax-hello", "0.0.0", "loaded", "command", "hello"] in listed, listed
     monkeypatch.setenv("HFAX_BLOCK_PLUGINS", "hello")  # blocked, its command goes with it
     reset_plugins()
     result = CliRunner().invoke(app, ["hello"])

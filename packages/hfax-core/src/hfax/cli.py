@@ -51,21 +51,30 @@ def plugin_commands(taken: Collection[str] = ()) -> dict[str, Any]:
     """The commands plugins give (``hfax_register_commands``), by name, in the plugins' load order. A name in
     ``taken`` or given by an earlier plugin is refused: reported with the plugin's name, as a failed hook."""
     found: dict[str, Any] = {}
+    for plugin, name, command in given_commands():
+        if name in taken or name in found:
+            plugins.hook_failed(
+                plugin,
+                "hfax_register_commands",
+                f"gives the command {name!r}, which hfax already has",
+            )
+            continue
+        found[name] = command
+    return found
+
+
+def given_commands() -> list[tuple[str, str, Any]]:
+    """``(plugin, command name, click command)`` for every command each plugin's ``hfax_register_commands``
+    adds, in the plugins' load order."""
+    given = []
     for impl in plugins.get_plugin_manager().hook.hfax_register_commands.get_hookimpls():
         commands = typer.Typer()
         impl.function(*(commands for _ in impl.argnames))
         if not commands.registered_commands and not commands.registered_groups:
             continue
         for name, command in typer.main.get_group(commands).commands.items():
-            if name in taken or name in found:
-                plugins.hook_failed(
-                    impl.plugin_name,
-                    "hfax_register_commands",
-                    f"gives the command {name!r}, which hfax already has",
-                )
-                continue
-            found[name] = command
-    return found
+            given.append((impl.plugin_name, name, command))
+    return given
 
 
 def _missing_command(name: str, distribution: str, extra: str) -> Any:
@@ -150,13 +159,18 @@ def user_errors(command: Callable[..., None]) -> Callable[..., None]:
 
 @app.command("plugins")
 def plugins_command() -> None:
-    """List every plugin: distribution, version, status and the backends and families it provides."""
+    """List every plugin: distribution, version, status and the backends, families and commands it provides."""
     infos = plugins.plugin_infos()
+    commands: dict[str, list[str]] = {}
+    for plugin, name, _ in given_commands():
+        commands.setdefault(plugin, []).append(name)
     rows = [(info.name, info.distribution, info.version, info.status) for info in infos]
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for info, row in zip(infos, rows):
-        provides = [f"backend {name}" for name in info.backends] + [
-            f"family {name}" for name in info.families
+        provides = [
+            *(f"backend {name}" for name in info.backends),
+            *(f"family {name}" for name in info.families),
+            *(f"command {name}" for name in commands.get(info.id, [])),
         ]
         typer.echo(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths))
