@@ -146,6 +146,15 @@ def test_a_plugin_adds_a_command_that_help_lists_and_that_runs(install, monkeypa
     assert result.exit_code == 2 and "No such command 'hello'" in result.output
 
 
+def test_a_mistyped_command_suggests_core_and_plugin_commands(install, monkeypatch):
+    install("hfax-hello", {"hello": "hello_commands"}, {"hello_commands": COMMAND_PLUGIN})
+    for typo, suggested in [("plugns", "plugins"), ("helo", "hello"), ("serv", "serve")]:
+        result = CliRunner().invoke(app, [typo])
+        assert result.exit_code == 2 and f"Did you mean '{suggested}'?" in result.output, (
+            result.output
+        )
+
+
 def test_a_plugin_registered_in_code_adds_its_command(monkeypatch):
     import typer
 

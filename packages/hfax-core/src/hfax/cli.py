@@ -10,6 +10,7 @@ plugins' commands share with core's is public here: :class:`UserError`, :func:`u
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.metadata
 import os
@@ -39,6 +40,17 @@ class Commands(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *self.plugin_commands]
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        # typer's "Did you mean" knows core's commands only: an unknown name is refused here, with
+        # suggestions from the plugins' commands too (those of plugins not installed included).
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            known = dict.fromkeys([*self.list_commands(ctx), *PLUGIN_COMMANDS])
+            matches = difflib.get_close_matches(name, known)
+            hint = f" Did you mean {', '.join(map(repr, matches))}?" if matches else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name) or self.plugin_commands.get(cmd_name)
