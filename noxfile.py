@@ -699,7 +699,8 @@ def install(session: nox.Session) -> None:
             session.error(f"`hfax plugins` does not show {distribution} as loaded")
     if "backend jax" not in listing:
         session.error("`hfax plugins` lists no jax backend")
-    session.install("-c", str(CONSTRAINTS), "pytest")
+    # The README's blocks run on a tiny model that hfax-testing (the fixtures) saves.
+    session.install("-c", str(CONSTRAINTS), "pytest", str(PACKAGES / TESTING))
     session.run(
         "pytest", "--import-mode=importlib", str(ROOT / "tests" / "test_readme.py"), env=TEST_ENV
     )
