@@ -49,6 +49,9 @@ DIST = ROOT / "dist"
 TEST_ENV = {
     "HFAX_STRICT_PLUGINS": "1",
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+    # One OpenMP thread per test process: the processes already fill the cores (a pytest-xdist worker or a
+    # run per core), and PyTorch's idle OpenMP threads spin, taking CPU from the other process.
+    "OMP_NUM_THREADS": "1",
 }
 
 #: What plain `nox` (and so CI) runs: one venv per dependency stack for the full suites (``integration``:
