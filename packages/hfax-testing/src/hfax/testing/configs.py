@@ -14,6 +14,17 @@ from typing import Any
 TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
+#: The sizes the tiny Llama-style decoders of :func:`tiny_config` share.
+DECODER_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=128,
+    max_position_embeddings=256,
+)
+
+
 def tiny_config(name: str) -> Any:
     """A tiny transformers config (2 layers, hidden size 64, vocabulary 128) every backend is tested on:
     ``"llama"`` (grouped-query attention), ``"gemma"`` (one key/value head), ``"mistral"`` (a sliding window of 5),
@@ -23,62 +34,37 @@ def tiny_config(name: str) -> Any:
 
     if name == "llama":
         return transformers.LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **DECODER_SIZES,
             num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=256,
             **TINY_SPECIAL,
         )
     if name == "gemma":
         return transformers.GemmaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **DECODER_SIZES,
             num_key_value_heads=1,
             head_dim=16,
-            vocab_size=128,
-            max_position_embeddings=256,
             **TINY_SPECIAL,
         )
     if name == "mistral":  # a sliding window shorter than the prompts the tests use
         return transformers.MistralConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **DECODER_SIZES,
             num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=256,
             sliding_window=5,
             **TINY_SPECIAL,
         )
     if name == "gemma2":  # hybrid: sliding and full attention layers alternate
         return transformers.Gemma2Config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **DECODER_SIZES,
             num_key_value_heads=2,
             head_dim=16,
-            vocab_size=128,
-            max_position_embeddings=256,
             sliding_window=5,
             **TINY_SPECIAL,
         )
     if name == "gemma3":
         return transformers.Gemma3TextConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **DECODER_SIZES,
             num_key_value_heads=1,
             head_dim=16,
-            vocab_size=128,
-            max_position_embeddings=256,
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
             **TINY_SPECIAL,
