@@ -15,7 +15,7 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 #: The sizes the tiny Llama-style decoders of :func:`tiny_config` share.
-DECODER_SIZES = dict(
+_DECODER_SIZES = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
@@ -34,27 +34,27 @@ def tiny_config(name: str) -> Any:
 
     if name == "llama":
         return transformers.LlamaConfig(
-            **DECODER_SIZES,
+            **_DECODER_SIZES,
             num_key_value_heads=2,
             **TINY_SPECIAL,
         )
     if name == "gemma":
         return transformers.GemmaConfig(
-            **DECODER_SIZES,
+            **_DECODER_SIZES,
             num_key_value_heads=1,
             head_dim=16,
             **TINY_SPECIAL,
         )
     if name == "mistral":  # a sliding window shorter than the prompts the tests use
         return transformers.MistralConfig(
-            **DECODER_SIZES,
+            **_DECODER_SIZES,
             num_key_value_heads=2,
             sliding_window=5,
             **TINY_SPECIAL,
         )
     if name == "gemma2":  # hybrid: sliding and full attention layers alternate
         return transformers.Gemma2Config(
-            **DECODER_SIZES,
+            **_DECODER_SIZES,
             num_key_value_heads=2,
             head_dim=16,
             sliding_window=5,
@@ -62,7 +62,7 @@ def tiny_config(name: str) -> Any:
         )
     if name == "gemma3":
         return transformers.Gemma3TextConfig(
-            **DECODER_SIZES,
+            **_DECODER_SIZES,
             num_key_value_heads=1,
             head_dim=16,
             sliding_window=4,
