@@ -21,6 +21,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -54,22 +56,21 @@ TEST_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 
-#: What plain `nox` (and so CI) runs: one venv per dependency stack for the full suites (``integration``:
-#: every package of the JAX stack and tests/; ``torchxla``), each package's isolation proven by its own
-#: install and import (``core``, ``install``), and the representative slice against the oldest transformers
-#: the packages declare and the newest on the index. "torchxla" is last: its venv differs (torch 2.9), and its
-#: first run downloads 3.5 GB. `nox -s jax`, `-s llama`, `-s gemma`, `-s longtail` run one package's tests in a
-#: venv of its own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
-nox.options.sessions = [
-    "lint",
-    "core",
-    "wheels",
-    "install",
-    "integration",
-    "transformers_oldest",
-    "transformers_newest",
-    "torchxla",
-]
+#: What plain `nox` (and so CI) runs: the ``ci`` session, which runs these lanes side by side, each a `nox`
+#: process running its sessions in order. One venv per dependency stack for the full suites (``integration``:
+#: every package of the JAX stack and tests/; ``torchxla``), each package's isolation proven by its own install
+#: and import (``core``, ``install``), and the representative slice against the oldest transformers the
+#: packages declare and the newest on the index. "suites" keep both cores busy on their own; "checks" wait on
+#: the index and on pip, and there fill the cores' idle time instead of adding their minutes to the suites'
+#: (docs/PERFORMANCE.md, "CI time"); "wheelhouse" downloads the torchxla session's 3.5 GB of pinned wheels,
+#: which ``torchxla`` waits for. `nox -s jax`, `-s llama`, `-s gemma`, `-s longtail` run one package's tests in
+#: a venv of its own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
+CI_LANES = {
+    "suites": ["integration", "transformers_oldest", "torchxla"],
+    "checks": ["lint", "core", "wheels", "install", "transformers_newest"],
+    "wheelhouse": ["torchxla_wheels"],
+}
+nox.options.sessions = ["ci"]
 
 #: `HFAX_NOX_DROP_VENVS=1` (.ci/run sets it): each session of the CI set deletes its venv when it ends. CI never
 #: reuses a venv, and all of them together (about 20 GB: five with torch 2.13, torchxla's with the CUDA build
@@ -89,6 +90,50 @@ def drops_venv(function):
                 shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
     return run
+
+
+@nox.session(venv_backend="none")
+def ci(session: nox.Session) -> None:
+    """The CI set: every lane of :data:`CI_LANES` at once, each a `nox` process of its own whose lines are
+    printed as they come, prefixed with the lane's name; fails if any lane failed. ``nox -s ci -- checks``
+    runs the lanes named."""
+    chosen = session.posargs or list(CI_LANES)
+    unknown = sorted(set(chosen) - set(CI_LANES))
+    if unknown:
+        session.error(f"no CI lane {', '.join(unknown)}: choose from {', '.join(CI_LANES)}")
+    started = time.monotonic()
+    printing = threading.Lock()
+
+    def run(lane: str) -> tuple[int, float]:
+        command = [
+            sys.executable,
+            "-m",
+            "nox",
+            "--noxfile",
+            str(ROOT / "noxfile.py"),
+            "-s",
+            *CI_LANES[lane],
+        ]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        for line in process.stdout:
+            with printing:
+                print(f"[{lane}] {line}", end="", flush=True)
+        return process.wait(), time.monotonic() - started
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        results = dict(zip(chosen, pool.map(run, chosen)))
+    for lane, (code, seconds) in results.items():
+        outcome = "passed" if code == 0 else f"failed (exit code {code})"
+        session.log(
+            f"lane {lane} ({' '.join(CI_LANES[lane])}): {outcome} at {seconds / 60:.1f} min"
+        )
+    failed = [lane for lane, (code, _) in results.items() if code != 0]
+    if failed:
+        session.error(
+            f"CI lanes failed: {', '.join(failed)} (each lane's lines above carry its name)"
+        )
 
 
 #: The venv backend of the sessions that only install and run (not those that run pip itself: ``install``
@@ -338,7 +383,7 @@ def fetch_torchxla_wheels(session: nox.Session) -> Path:
     """Download the wheels of constraints-torchxla.txt the wheelhouse lacks, hashes checked; return it.
 
     Under an exclusive lock on the wheelhouse, so a download already under way (``torchxla_wheels`` in
-    the background, as .ci/run starts it) is waited for and never read half-written."""
+    the ``ci`` session's wheelhouse lane) is waited for and never read half-written."""
     house = wheelhouse()
     house.mkdir(parents=True, exist_ok=True)
     with (house / ".lock").open("w") as lock:
@@ -355,9 +400,9 @@ def fetch_torchxla_wheels(session: nox.Session) -> Path:
 
 @nox.session(venv_backend="none")
 def torchxla_wheels(session: nox.Session) -> None:
-    """Download the torchxla session's pinned wheels into the wheelhouse (3.5 GB when it is empty). .ci/run
-    starts it in the background beside the CI set, so the download overlaps the sessions before torchxla,
-    which waits for it (:func:`fetch_torchxla_wheels`)."""
+    """Download the torchxla session's pinned wheels into the wheelhouse (3.5 GB when it is empty). The ``ci``
+    session runs it as a lane of its own, so the download overlaps the sessions before torchxla, which waits
+    for it (:func:`fetch_torchxla_wheels`)."""
     fetch_torchxla_wheels(session)
 
 
@@ -876,8 +921,8 @@ def bench_train(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def demo(session: nox.Session) -> None:
     """Continue a prompt with hfax's embedded default model (real Gemma 3 270M weights) on JAX. Without
-    arguments, then the checks of the demo's commands on it (tests/test_real_gemma.py's `hfax generate` and
-    `hfax chat` processes, minutes of CPU outside the CI set)."""
+    arguments, then tests/test_real_gemma.py: its tokens equal PyTorch's, and the demo's `hfax generate` and
+    `hfax chat` processes run on it (minutes of CPU, outside the CI set)."""
     packages = [str(PACKAGES / package) for package in INTEGRATED]
     session.install("-c", str(CONSTRAINTS), f"{ROOT}[demo]", *packages)
     session.run("hfax", "generate", *(session.posargs or ["The capital of France is"]))
@@ -885,7 +930,7 @@ def demo(session: nox.Session) -> None:
         session.install("-c", str(CONSTRAINTS), "pytest", str(PACKAGES / "hfax-testing"))
         real = ROOT / "tests" / "test_real_gemma.py"
         env = {**TEST_ENV, "HFAX_DEMO_TESTS": "1"}
-        session.run("pytest", "--import-mode=importlib", str(real), "-k", "cli", env=env)
+        session.run("pytest", "--import-mode=importlib", str(real), env=env)
 
 
 #: Run by `nox -s finetune` after training: PEFT loads the adapter onto the base model, and it lowers

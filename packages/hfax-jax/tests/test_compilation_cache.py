@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 
@@ -21,15 +22,16 @@ print(json.dumps({"tokens": tokens, "hits": len(hits), "forwards": len(forwards)
 """
 
 
-@pytest.fixture
-def run_twice(tiny, tmp_path):
-    """Generate in a fresh process with ``tmp_path`` as hfax's cache; returns what it printed."""
+@pytest.fixture(scope="module")
+def run_in_process(tiny):
+    """``run(cache, **env)``: generate in a fresh process with ``cache`` as hfax's cache; returns what it
+    printed and its stderr."""
     import json
 
     directory, _, _ = tiny("gpt2")
 
-    def run(**extra_env: str) -> dict:
-        env = {**os.environ, "HFAX_CACHE": str(tmp_path), **extra_env}
+    def run(cache, **extra_env: str) -> dict:
+        env = {**os.environ, "HFAX_CACHE": str(cache), **extra_env}
         if "HFAX_NO_COMPILATION_CACHE" not in extra_env:
             env.pop("HFAX_NO_COMPILATION_CACHE", None)
         done = subprocess.run(
@@ -41,27 +43,37 @@ def run_twice(tiny, tmp_path):
     return run
 
 
-def test_a_second_process_reads_programs_from_the_persistent_cache(run_twice, tmp_path):
-    first = run_twice()
-    assert first["hits"] == 0 and any((tmp_path / "jax").iterdir())
-    assert (
-        first["forwards"] == 2
-    )  # the model's Python forward, traced for prefill and for the decode step
-    second = run_twice()
+@pytest.fixture(scope="module")
+def first_run(run_in_process, tmp_path_factory):
+    """One cold run whose cache folder did not exist yet: ``(its parent, the cache, what it printed)``.
+    The tests below read that cache where it lies (JAX's compilation key holds the cache's path, so a copy
+    would miss), each of their processes costing a start of torch and jax."""
+    parent = tmp_path_factory.mktemp("first")
+    cache = parent / "new" / "cache"
+    return parent, cache, run_in_process(cache)
+
+
+def test_a_second_process_reads_programs_from_the_persistent_cache(run_in_process, first_run):
+    _, cache, first = first_run
+    assert first["hits"] == 0 and any((cache / "jax").iterdir())
+    # the model's Python forward, traced for prefill and for the decode step
+    assert first["forwards"] == 2
+    second = run_in_process(cache)
     assert second["tokens"] == first["tokens"]
-    assert (
-        second["hits"] >= 1
-    )  # the generate program came from disk instead of being compiled again
+    # the generate program came from disk instead of being compiled again ...
+    assert second["hits"] >= 1
     # ... and the model was not traced again: the traced program came from disk too (programs.py)
     assert second["forwards"] == 0
 
 
-def test_an_unreadable_traced_program_is_traced_again(run_twice, tmp_path):
-    first = run_twice()
-    stored = sorted((tmp_path / "jax" / "hfax-programs").glob("*.bin"))  # prefill and decode
+def test_an_unreadable_traced_program_is_traced_again(run_in_process, first_run):
+    # The damaged programs are traced again and replaced: the cache is whole again for any later test.
+    _, cache, first = first_run
+    stored = sorted((cache / "jax" / "hfax-programs").glob("*.bin"))  # prefill and decode
+    assert stored
     for program in stored:
         program.write_bytes(b"not a program")
-    second = run_twice()
+    second = run_in_process(cache)
     assert second["tokens"] == first["tokens"]
     assert second["forwards"] == first["forwards"]
     for program in stored:
@@ -69,23 +81,24 @@ def test_an_unreadable_traced_program_is_traced_again(run_twice, tmp_path):
         assert f"traced program {program} is not used" in second["stderr"]
 
 
-def test_a_cache_that_is_a_file_is_a_warning_and_an_uncached_run(run_twice, tmp_path):
-    first = run_twice()
+def test_a_cache_that_is_a_file_is_a_warning_and_an_uncached_run(
+    run_in_process, first_run, tmp_path
+):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    second = run_twice(HFAX_CACHE=str(blocker))
-    assert second["tokens"] == first["tokens"]
+    second = run_in_process(blocker)
+    assert second["tokens"] == first_run[2]["tokens"]
     assert second["stderr"].count("cannot use the traced-program cache") == 1
 
 
-def test_the_cache_folders_are_private_to_the_user(run_twice, tmp_path):
-    run_twice(HFAX_CACHE=str(tmp_path / "new" / "cache"))
+def test_the_cache_folders_are_private_to_the_user(first_run):
+    parent = first_run[0]
     for folder in ("new", "new/cache", "new/cache/jax", "new/cache/jax/hfax-programs"):
-        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+        assert (parent / folder).stat().st_mode & 0o777 == 0o700, folder
 
 
-def test_no_compilation_cache_keeps_no_traced_programs(run_twice, tmp_path):
-    run_twice(HFAX_NO_COMPILATION_CACHE="1")
+def test_no_compilation_cache_keeps_no_traced_programs(run_in_process, tmp_path):
+    run_in_process(tmp_path, HFAX_NO_COMPILATION_CACHE="1")
     assert not (tmp_path / "jax" / "hfax-programs").exists()
 
 
@@ -262,7 +275,6 @@ def test_an_unusable_cache_is_one_warning_and_an_uncached_run(tiny, own_cache, c
 
 
 def test_the_key_ignores_where_the_checkpoint_lies(tiny, tmp_path):
-    import shutil
 
     import transformers
 
