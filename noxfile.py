@@ -137,8 +137,7 @@ def ci(session: nox.Session) -> None:
 
 
 #: The venv backend of the sessions that only install and run (not those that run pip itself: ``install``
-#: checks the README's pip command and pip's resolution, ``torchxla`` installs hash-checked wheels with pip,
-#: ``wheels`` builds with pip): uv installs from its cache by linking, where pip unpacks every wheel again
+#: checks the README's pip command and pip's resolution, ``wheels`` builds with pip): uv installs from its cache by linking, where pip unpacks every wheel again
 #: (torch and jax for each session). nox[uv] brings it (.ci/run, README).
 UV = "uv"
 
@@ -414,16 +413,15 @@ def install_torchxla(session: nox.Session) -> None:
     # (about 1 GB). So the pinned environment goes in unresolved, and DECLARED_CHECK does pip's part.
     # pip keeps no download cache of the 3 GB of torch and NVIDIA wheels here (the index sends no caching
     # headers), so they go to a wheelhouse once, and every install reads them from there, hashes checked.
+    # uv installs them (the session's venv backend): it unpacks in parallel and compiles no bytecode
+    # (docs/PERFORMANCE.md, "CI time").
     house = fetch_torchxla_wheels(session)
-    # --no-compile: byte-compiling all of torch takes longer than unpacking it (here 183 s against 97 s, CPU
-    # time 73 s against 42 s); the tests import a small part of it, compiled on import.
     session.install(
         "--no-index",
         "--find-links",
         str(house),
         "--no-deps",
         "--require-hashes",
-        "--no-compile",
         "-r",
         str(CONSTRAINTS_TORCHXLA),
     )
@@ -431,7 +429,7 @@ def install_torchxla(session: nox.Session) -> None:
     session.run("python", "-c", DECLARED_CHECK, directory.name, *(path.name for path in siblings))
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 @drops_venv
 def torchxla(session: nox.Session) -> None:
     """hfax-torchxla, the PyTorch/XLA backend on torch_xla's CPU client, and tests/test_parity.py,
@@ -989,7 +987,7 @@ def coverage(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tools" / "coverage.py"), *options, env=TEST_ENV)
 
 
-@nox.session
+@nox.session(venv_backend=UV)
 def coverage_torchxla(session: nox.Session) -> None:
     """The torch_xla column of the coverage sweep: every kind run in the torch_xla environment, a worker
     process replaced once it compiled 36 programs (one compiles at most ~48), merged into
