@@ -16,6 +16,7 @@ an ``EncoderDecoderModel``), whichever family claims the whole.
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 from hfax import Claim, FamilySpec, hookimpl
@@ -29,9 +30,17 @@ TRANSFORMERS = ">=5.23,<5.25"
 PRIORITY = -1
 
 
-def model_types(config: Any) -> set[str]:
+#: The config :func:`model_types` read last (a weak reference) and its answer: every family asks of the
+#: same config in turn, several times per ``generate``, and a config's model types do not change.
+_LAST: tuple[weakref.ref, frozenset[str]] | None = None
+
+
+def model_types(config: Any) -> frozenset[str]:
     """The ``model_type`` of ``config`` and of every config inside it: its text config, its
     ``sub_configs`` and its encoder and decoder configs, recursively."""
+    global _LAST
+    if _LAST is not None and _LAST[0]() is config:
+        return _LAST[1]
     found: set[str] = set()
     pending, seen = [config], set()
     while pending:
@@ -48,7 +57,12 @@ def model_types(config: Any) -> set[str]:
         names = [*(getattr(current, "sub_configs", None) or {}), "encoder", "decoder"]
         inner += [getattr(current, name, None) for name in names]
         pending += [item for item in inner if hasattr(item, "model_type")]
-    return found - {""}
+    types = frozenset(found - {""})
+    try:
+        _LAST = (weakref.ref(config), types)
+    except TypeError:  # an object without weak references: asked again next time
+        pass
+    return types
 
 
 class LongTailFamily:
