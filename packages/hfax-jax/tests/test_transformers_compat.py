@@ -18,7 +18,8 @@ def tokenizer(tmp_path_factory):
 
 
 def test_a_pipeline_sees_a_cpu_model_in_inference_mode(tiny):
-    _, ref, model = tiny("llama")
+    directory, ref, model = tiny("llama")
+    assert model.name_or_path == ref.name_or_path == str(directory)
     assert model.device == torch.device("cpu") and model.to("cpu") is model
     assert model.to(torch.device("cpu"), dtype=torch.float32) is model
     assert model.eval() is model and model.can_generate()

@@ -19,8 +19,8 @@ class BackendModel:
     hook; :meth:`compiled` keeps one program per name.
 
     Where transformers' pipelines and user code look, it behaves like a transformers model: ``config``,
-    ``generation_config``, ``device``, ``dtype``, ``can_generate()``, ``eval()``, ``to(...)`` and
-    ``save_pretrained(directory)``.
+    ``generation_config``, ``name_or_path``, ``device``, ``dtype``, ``can_generate()``, ``eval()``,
+    ``to(...)`` and ``save_pretrained(directory)``.
     """
 
     def __init__(
@@ -71,6 +71,12 @@ class BackendModel:
     def forward(self, *args: Any, **inputs: Any) -> Any:
         """The compiled forward, as ``model(...)`` runs it (transformers' pipelines call ``forward``)."""
         return self(*args, **inputs)
+
+    @property
+    def name_or_path(self) -> str:
+        """Where the model was loaded from, as transformers' model says it (tools such as
+        lm-evaluation-harness name a model by it)."""
+        return self.module.name_or_path
 
     @property
     def input_modalities(self) -> Any:
