@@ -448,6 +448,19 @@ def test_what_cannot_run_is_refused_before_compiling(tiny, options, error, words
     )
 
 
+def test_a_negative_eos_id_stops_nothing_as_in_transformers(tiny):
+    """transformers takes ``eos_token_id=-1`` (its tests use it to generate to the full length): it warns
+    and never stops on it; another id of the list still stops a row."""
+    reference, model = tiny("llama")
+    ids = np.array([[1, 20, 21, 22]])
+    for eos in (-1, [-1, 2]):
+        options = dict(max_new_tokens=8, min_new_tokens=3, eos_token_id=eos)
+        np.testing.assert_array_equal(
+            as_numpy(model.generate(ids, **options)),
+            transformers_generate(reference, ids, **options).numpy(),
+        )
+
+
 def test_special_ids_outside_the_vocabulary(tiny):
     """Checkpoints whose pad id equals the vocabulary size exist: the bucket filler stays inside it."""
     reference, model = tiny("llama")

@@ -164,13 +164,20 @@ TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_t
 
 
 def _check_token_ids(config: Any) -> None:
+    """Every token-id field holds token ids. A negative EOS id is one transformers takes too: it never
+    matches a token, so generation runs to its length (transformers warns so, and so does hfax through its
+    ``_prepare_special_tokens``)."""
     for name in TOKEN_FIELDS:
         value = getattr(config, name, None)
         values = value if isinstance(value, (list, tuple)) else [value]
-        if value is not None and not all(_is_count(v) for v in values):
-            raise ValueError(
-                f"{name} must be a token id (an integer >= 0) or a list of them, got {value!r}"
-            )
+        valid = _is_count if name != "eos_token_id" else _is_integer
+        if value is not None and not all(valid(v) for v in values):
+            what = "an integer >= 0" if name != "eos_token_id" else "an integer"
+            raise ValueError(f"{name} must be a token id ({what}) or a list of them, got {value!r}")
+
+
+def _is_integer(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
 def _check_ranges(config: Any) -> None:
@@ -303,7 +310,7 @@ def prepare(
     module._prepare_special_tokens(
         config, attention_mask is not None, device="cpu", batch_size=batch
     )
-    eos = _ids_list(config._eos_token_tensor)
+    eos = [token for token in _ids_list(config._eos_token_tensor) if token >= 0]
     pad_tensor = config._pad_token_tensor
     pad = None if pad_tensor is None else int(pad_tensor)
     mask = _mask(ids, attention_mask, pad, eos) if input_ids is not None else None
