@@ -448,6 +448,19 @@ def test_what_cannot_run_is_refused_before_compiling(tiny, options, error, words
     )
 
 
+@pytest.mark.parametrize("name", ["llama", "bart"])
+def test_no_input_starts_from_bos_as_in_transformers(tiny, name):
+    """``generate()`` with no input: transformers starts one row from the BOS token (an encoder-decoder
+    model's encoder reads it)."""
+    reference, model = tiny(name)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(max_new_tokens=6)),
+        reference.generate(max_new_tokens=6, do_sample=False).numpy(),
+    )
+    with pytest.raises(ValueError, match="no bos_token_id to start from"):
+        model.generate(max_new_tokens=6, bos_token_id=None)
+
+
 def test_a_negative_eos_id_stops_nothing_as_in_transformers(tiny):
     """transformers takes ``eos_token_id=-1`` (its tests use it to generate to the full length): it warns
     and never stops on it; another id of the list still stops a row."""

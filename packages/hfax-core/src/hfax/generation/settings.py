@@ -302,6 +302,9 @@ def prepare(
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     if encoder_decoder and "encoder_decoder" not in features:
         raise NotImplementedError("this backend's generate does not run encoder-decoder models")
+    reads_ids = getattr(module, "main_input_name", "input_ids") == "input_ids"
+    if input_ids is None and attention_mask is None and not extra and reads_ids:
+        input_ids = _start_from_bos(config)
     main = _main_input(module, input_ids, extra, encoder_decoder)
     ids = main if input_ids is None else as_ids("input_ids", input_ids)
     if input_ids is not None:
@@ -402,6 +405,19 @@ def prepare(
         inputs=extra,
         finish=finish,
     )
+
+
+def _start_from_bos(config: Any) -> np.ndarray:
+    """The prompt of a ``generate`` given no input at all: one row holding the BOS token, as transformers
+    starts one (for an encoder-decoder model, the encoder's input; a model whose main input is not
+    ``input_ids``, audio or pixels, is still asked for it)."""
+    bos = config.bos_token_id
+    if bos is None:
+        raise ValueError(
+            "generate was given no input_ids and the model has no bos_token_id to start from: pass "
+            "input_ids (the tokenizer's output), or bos_token_id=..."
+        )
+    return np.full((1, 1), bos, np.int64)
 
 
 def _main_input(
