@@ -223,6 +223,29 @@ def test_encoder_decoder_greedy_and_beams(tiny):
         )
 
 
+def test_decoder_attention_mask_of_ones_is_taken_and_one_that_pads_refused(tiny):
+    """transformers' tests pass a decoder prompt with its mask of ones: the same tokens as without it.
+    hfax reads a decoder prompt unpadded, so a mask with zeros is refused before anything compiles."""
+    reference, model = tiny("bart")
+    ids = np.array([[5, 17, 33, 9, 41], [12, 50, 7, 8, 3]])
+    start = reference.generation_config.decoder_start_token_id
+    decoder_ids = np.array([[start, 21], [start, 22]])
+    options = dict(max_new_tokens=8, decoder_input_ids=decoder_ids)
+    expected = transformers_generate(
+        reference,
+        ids,
+        max_new_tokens=8,
+        decoder_input_ids=torch.as_tensor(decoder_ids),
+        decoder_attention_mask=torch.ones(2, 2, dtype=torch.long),
+    ).numpy()
+    got = model.generate(ids, decoder_attention_mask=np.ones((2, 2), np.int64), **options)
+    np.testing.assert_array_equal(as_numpy(got), expected)
+    with pytest.raises(NotImplementedError, match="decoder_attention_mask with zeros"):
+        model.generate(ids, decoder_attention_mask=np.array([[0, 1], [1, 1]]), **options)
+    with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 3\)"):
+        model.generate(ids, decoder_attention_mask=np.ones((2, 3), np.int64), **options)
+
+
 def test_encoder_no_repeat_ngram_size(tiny):
     # Blenderbot's generation config sets it: the decoder may not repeat an n-gram of its source.
     reference, model = tiny("bart")

@@ -29,10 +29,28 @@ REFUSED_INPUTS = {
     "cache_position": "hfax's generate places tokens in its own cache",
     "position_ids": "hfax's generate computes positions from the attention mask",
     "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
-    "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding",
+    "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding (a mask of ones)",
     "decoder_inputs_embeds": "hfax's generate starts from token ids",
     "labels": "generate computes no loss",
 }
+
+
+def _check_unpadded_decoder_mask(mask: np.ndarray, decoder_ids: Any) -> None:
+    """A ``decoder_attention_mask`` hfax's generate can take: ones over the whole decoder prompt, which
+    is how it reads that prompt anyway (so the mask changes no token); one that pads is refused."""
+    # Without decoder_input_ids the prompt is the start token alone: one column per row.
+    columns = 1 if decoder_ids is None else np.shape(decoder_ids)[-1]
+    rows = mask.shape[0] if decoder_ids is None else np.shape(decoder_ids)[0]
+    if mask.shape != (rows, columns):
+        raise ValueError(
+            f"decoder_attention_mask has shape {mask.shape}; it covers the decoder prompt, of shape "
+            f"{(rows, columns)}"
+        )
+    if not (mask == 1).all():
+        raise NotImplementedError(
+            "hfax's generate does not take decoder_attention_mask with zeros: "
+            + REFUSED_INPUTS["decoder_attention_mask"]
+        )
 
 
 def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -54,6 +72,11 @@ def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
                 f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, "
                 "rng, generation_config and tokenizer)"
             )
+        if name == "decoder_attention_mask" and value is not None:
+            _check_unpadded_decoder_mask(
+                host_array(name, value), leftovers.get("decoder_input_ids")
+            )
+            continue  # a mask of ones, as hfax's decoder prompt is read
         if name in refused and value is not None:
             raise NotImplementedError(f"hfax's generate does not take {name}: {refused[name]}")
         if value is not None:
