@@ -39,12 +39,10 @@ def _check_unpadded_decoder_mask(mask: np.ndarray, decoder_ids: Any) -> None:
     """A ``decoder_attention_mask`` hfax's generate can take: ones over the whole decoder prompt, which
     is how it reads that prompt anyway (so the mask changes no token); one that pads is refused."""
     # Without decoder_input_ids the prompt is the start token alone: one column per row.
-    columns = 1 if decoder_ids is None else np.shape(decoder_ids)[-1]
-    rows = mask.shape[0] if decoder_ids is None else np.shape(decoder_ids)[0]
-    if mask.shape != (rows, columns):
+    prompt = (len(mask), 1) if decoder_ids is None else tuple(np.shape(decoder_ids))
+    if mask.shape != prompt:
         raise ValueError(
-            f"decoder_attention_mask has shape {mask.shape}; it covers the decoder prompt, of shape "
-            f"{(rows, columns)}"
+            f"decoder_attention_mask has shape {mask.shape}; it covers the decoder prompt, of shape {prompt}"
         )
     if not (mask == 1).all():
         raise NotImplementedError(

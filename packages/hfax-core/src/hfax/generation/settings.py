@@ -155,7 +155,7 @@ RANGES = {
 
 
 def _is_count(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 0
+    return _is_integer(value) and value >= 0
 
 
 #: Generation-config fields holding a token id (or, for EOS, a list of them).
@@ -170,9 +170,12 @@ def _check_token_ids(config: Any) -> None:
     for name in TOKEN_FIELDS:
         value = getattr(config, name, None)
         values = value if isinstance(value, (list, tuple)) else [value]
-        valid = _is_count if name != "eos_token_id" else _is_integer
+        valid, what = (
+            (_is_integer, "an integer")
+            if name == "eos_token_id"
+            else (_is_count, "an integer >= 0")
+        )
         if value is not None and not all(valid(v) for v in values):
-            what = "an integer >= 0" if name != "eos_token_id" else "an integer"
             raise ValueError(f"{name} must be a token id ({what}) or a list of them, got {value!r}")
 
 
