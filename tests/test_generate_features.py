@@ -13,7 +13,14 @@ import transformers
 
 import hfax
 from hfax.plugins import backends
-from hfax.testing import TINY_SPECIAL, as_numpy, left_padded, save_tiny, tiny_config
+from hfax.testing import (
+    TINY_SPECIAL,
+    as_numpy,
+    assert_same_continuation,
+    left_padded,
+    save_tiny,
+    tiny_config,
+)
 
 BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
@@ -422,6 +429,85 @@ def test_stop_strings_stop_like_transformers(tiny, tmp_path):
     np.testing.assert_array_equal(np.concatenate(streamer.chunks), got[0])
 
 
+class StopAtToken(transformers.StoppingCriteria):
+    """Row ``row`` is done once its last token is ``token``; records every call's ``scores``."""
+
+    def __init__(self, token: int, row: int) -> None:
+        self.token, self.row, self.scores = token, row, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.scores.append(scores)
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        done[self.row] = bool(input_ids[self.row, -1] == self.token)
+        return done
+
+
+@pytest.mark.parametrize("eos", [None, 2], ids=["no_eos", "eos"])
+def test_the_callers_stopping_criteria_stop_rows_where_transformers_does(tiny, eos):
+    """A criterion of the caller's, asked at every new token as transformers asks it: the call ends when
+    every row is done, a row it stops is padded after that token only where an EOS criterion is also in
+    the list (else it runs on, as in transformers), and it is asked as often, with the scores so far when
+    the call records them."""
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    options = dict(max_new_tokens=20, eos_token_id=eos)
+    free = as_numpy(model.generate(ids, mask, eos_token_id=None, max_new_tokens=20))
+    row0, row1 = free[0, ids.shape[1] :].tolist(), free[1, ids.shape[1] :].tolist()
+    # Row 1 is stopped at its fifth new token (inside the first chunk), row 0 at its eighteenth.
+    ours = transformers.StoppingCriteriaList([StopAtToken(row1[4], 1), StopAtToken(row0[17], 0)])
+    theirs = transformers.StoppingCriteriaList([StopAtToken(row1[4], 1), StopAtToken(row0[17], 0)])
+    got = as_numpy(model.generate(ids, mask, stopping_criteria=ours, **options))
+    want = transformers_generate(reference, ids, mask, stopping_criteria=theirs, **options).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert got.shape[1] < ids.shape[1] + 20  # the call ended when both rows were done
+    stopped_row1 = got[1, ids.shape[1] + row1.index(row1[4]) + 1 :]
+    assert (stopped_row1 == model.config.pad_token_id).all() == (eos is not None)
+    assert [len(c.scores) for c in ours] == [len(c.scores) for c in theirs]
+    assert ours[0].scores[0] is None
+    if eos is not None:
+        return
+    recorded = dict(return_dict_in_generate=True, output_scores=True, **options)
+    ours, theirs = StopAtToken(row1[4], 1), StopAtToken(row1[4], 1)
+    model.generate(ids, mask, stopping_criteria=[ours], **recorded)
+    transformers_generate(reference, ids, mask, stopping_criteria=[theirs], **recorded)
+    assert len(ours.scores) == len(theirs.scores) == 20
+    for mine, reference_scores in zip(ours.scores[-1], theirs.scores[-1]):  # the last call's tuple
+        np.testing.assert_allclose(np.asarray(mine), reference_scores.numpy(), atol=1e-4)
+
+
+def test_the_callers_logits_processors_run_as_transformers_runs_them(tiny):
+    """transformers' own processors in the caller's ``logits_processor`` list, merged with the settings'
+    (one of the same kind replaces the setting's, as in transformers), give transformers' tokens."""
+    reference, model = tiny("gemma3")
+    ids, mask = left_padded(PROMPTS[:2])
+    for extra in (
+        [transformers.RepetitionPenaltyLogitsProcessor(1.8)],
+        [
+            transformers.NoRepeatNGramLogitsProcessor(2),
+            transformers.MinLengthLogitsProcessor(9, [3]),
+        ],
+    ):
+        options = dict(max_new_tokens=10, repetition_penalty=1.2, eos_token_id=3)
+        got = as_numpy(
+            model.generate(
+                ids, mask, logits_processor=transformers.LogitsProcessorList(extra), **options
+            )
+        )
+        want = transformers_generate(
+            reference,
+            ids,
+            mask,
+            logits_processor=transformers.LogitsProcessorList(extra),
+            **options,
+        ).numpy()
+        assert_same_continuation(want, got, model.config.pad_token_id)
+
+
+class HostProcessor(transformers.LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return scores
+
+
 def word_tokenizer(directory):
     """A fast tokenizer whose tokens are the words w0 ... w126 (and abcdef), joined by spaces."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -457,6 +543,18 @@ def word_tokenizer(directory):
         ),
         (dict(bad_words_ids=[[500]]), ValueError, "outside the vocabulary"),
         (dict(pixel_values=np.zeros((1, 3))), TypeError, "pixel_values"),
+        (dict(logits_processor=[HostProcessor()]), NotImplementedError, "HostProcessor compiled"),
+        (dict(logits_processor=HostProcessor()), TypeError, "LogitsProcessorList"),
+        (
+            dict(stopping_criteria=[transformers.MaxLengthCriteria(3)]),
+            ValueError,
+            "MaxLengthCriteria.*set max_new_tokens or max_length instead",
+        ),
+        (
+            dict(stopping_criteria=[StopAtToken(5, 0)], num_beams=2),
+            NotImplementedError,
+            "stopping_criteria",
+        ),
     ],
 )
 def test_what_cannot_run_is_refused_before_compiling(tiny, options, error, words):

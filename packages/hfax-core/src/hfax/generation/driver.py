@@ -11,7 +11,8 @@ in chunks, and assemble transformers' result.
 
 A backend's engine implements :class:`Engine`; the token choice inside its loop is
 :func:`hfax.generation.tokens.advance`, the same torch code on every backend. Without a streamer, stop
-strings or a time limit the loop runs in one chunk; the host waits for it in a way Ctrl-C interrupts.
+strings, stopping criteria of the caller's or a time limit the loop runs in one chunk; the host waits for
+it in a way Ctrl-C interrupts.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from hfax.generation.shapes import (
     pad_prompts,
 )
 
-#: New tokens per chunk when the host checks stop strings or a time limit between chunks.
+#: New tokens per chunk when the host checks stop strings, stopping criteria or a time limit between chunks.
 CHECK_CHUNK = 16
 
 
@@ -217,11 +218,12 @@ def _run(
     engine: Engine, padded: PaddedRequest, request: settings.Request, streamer: Any
 ) -> tuple[Any, int]:
     """Run the engine in chunks; returns the last host state and the new tokens the result keeps."""
-    checks = request.stop is not None or request.deadline is not None
+    checks = bool(request.criteria) or request.deadline is not None
     chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
+    done = ends.copy()  # where transformers counts each row done: the call ends once every row is
     sent = 0
     while True:
         limit = min(sent + chunk, request.max_new)
@@ -232,17 +234,18 @@ def _run(
         new = state["ids"][:rows, prompt : prompt + step]
         if request.num_beams == 1:
             ends = np.minimum(ends, _eos_ends(new, request.eos, sent))
-            stopped = _stop_string_ends(request, state["ids"][:rows], prompt, sent, step, ends)
+            done = np.minimum(done, ends)
+            stopped = _criteria_ends(request, state, prompt, sent, step, done)
             if stopped is not None:
-                ends = np.minimum(ends, stopped)
-                run = engine.stop_rows(
-                    run, _padded_rows(ends < request.max_new, state["finished"].shape[0])
-                )
-            if (
-                streamer is not None
-            ):  # nothing past the end of the longest row, as transformers stops there
-                _put(streamer, _padded_tokens(new, ends, sent, int(min(step, ends.max())), request))
-        finished = state["finished"][:rows].all() or (ends <= step).all()
+                done = np.minimum(done, stopped)
+                if request.pad_stopped:
+                    ends = np.minimum(ends, stopped)
+                    run = engine.stop_rows(
+                        run, _padded_rows(ends < request.max_new, state["finished"].shape[0])
+                    )
+            if streamer is not None:  # nothing past the last row's end, as transformers stops there
+                _put(streamer, _padded_tokens(new, ends, sent, int(min(step, done.max())), request))
+        finished = state["finished"][:rows].all() or (done <= step).all()
         if step < limit and not state["finished"].all():
             # An engine must reach the limit or finish every row; looping again would never end.
             raise RuntimeError(
@@ -254,7 +257,7 @@ def _run(
         if step >= request.max_new or finished or late:
             break
     if request.num_beams == 1:
-        step = int(min(step, ends.max()))
+        step = int(min(step, done.max()))
     state["ends"] = ends
     return state, step
 
@@ -274,23 +277,41 @@ def _eos_ends(new: np.ndarray, eos: list[int], start: int) -> np.ndarray:
     return ends
 
 
-def _stop_string_ends(
-    request: settings.Request, ids: np.ndarray, prompt: int, start: int, step: int, ends: np.ndarray
+def _criteria_ends(
+    request: settings.Request,
+    state: dict[str, np.ndarray],
+    prompt: int,
+    start: int,
+    step: int,
+    done: np.ndarray,
 ) -> np.ndarray | None:
-    """Per row, one past the new token that completes a stop string (transformers' own
-    ``StopStringCriteria`` asked at every new position), for rows still running."""
-    if request.stop is None:
+    """Per row, one past the new token at which a host criterion (:attr:`settings.Request.criteria`) first
+    says the row is done, asking them at every new position in order as transformers does: with the
+    ``input_ids`` so far (the caller's prompt and padding, not hfax's bucket filler) and, when the call
+    records scores (``output_scores``), the tuple of processed scores so far, else ``None``. Rows already
+    done (``done``) are not stopped again; once every row is, the criteria are not asked further.
+
+    What a stopped row makes afterwards is transformers' choice too (:attr:`settings.Request.pad_stopped`):
+    padding when its criteria include an EOS one, else the row's own tokens until every row is done."""
+    if not request.criteria:
         return None
     import torch
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-    found = np.full_like(ends, np.iinfo(np.int64).max)
+    criteria = StoppingCriteriaList(request.criteria)
+    rows = request.rows
+    ids, scores = state["ids"][:rows], state.get("scores")
+    if scores is not None:  # one copy (the host's state is read-only), each step's scores a view
+        scores = torch.from_numpy(np.array(scores[:rows, :step]))
+    found = np.full_like(done, np.iinfo(np.int64).max)
     first = prompt - request.width
     for t in range(start, step):
-        open_rows = (ends > t) & (found > t)
+        open_rows = (done > t) & (found > t)
         if not open_rows.any():
             break
         sequence = torch.from_numpy(ids[:, first : prompt + t + 1].astype(np.int64))
-        hit = np.asarray(request.stop(sequence, None)).reshape(-1) & open_rows
+        so_far = None if scores is None else tuple(scores[:, i] for i in range(t + 1))
+        hit = np.asarray(criteria(sequence, so_far)).reshape(-1) & open_rows
         found[hit] = t + 1
     return found
 

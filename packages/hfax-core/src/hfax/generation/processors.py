@@ -78,7 +78,8 @@ def _ids_arg(value: Any) -> Any:
 
 
 def translate(processors: Any, vocab: int, expand: int = 1) -> tuple[Step, ...]:
-    """The :class:`Step` for every processor of transformers' ``LogitsProcessorList``, in its order;
+    """The :class:`Step` for every processor of transformers' ``LogitsProcessorList``, in its order (those
+    the settings built, and the caller's own ``logits_processor`` merged in as transformers merges them);
     ``expand`` is the rows each caller's row becomes (beams, or sequences returned).
 
     A processor without a twin is refused with the error naming it: running it on the host every token
@@ -94,8 +95,9 @@ def translate(processors: Any, vocab: int, expand: int = 1) -> tuple[Step, ...]:
         if make is None:
             supported = ", ".join(sorted([*_TRANSLATIONS, "EncoderNoRepeatNGramLogitsProcessor"]))
             raise NotImplementedError(
-                f"hfax's generate cannot run transformers' {name} compiled (it has twins of: {supported}); "
-                "drop the setting that adds it, or run transformers' own generate on CPU"
+                f"hfax's generate cannot run {name} compiled (it has twins of transformers' {supported}); "
+                "drop the setting or the logits_processor entry that adds it, or run transformers' own "
+                "generate on CPU"
             )
         steps.append(make(processor, vocab))
     return tuple(steps)

@@ -22,8 +22,6 @@ from hfax.generation.traits import GenerationTraits, generation_traits
 
 #: Arguments of transformers' ``generate`` that hfax cannot honour inside a compiled loop, with why.
 REFUSED_ARGUMENTS = {
-    "logits_processor": "custom logits processors are Python run on the host every token",
-    "stopping_criteria": "custom stopping criteria are Python run on the host every token",
     "prefix_allowed_tokens_fn": "it is a Python callback run on the host every token",
     "assistant_model": "assisted decoding is not implemented",
     "negative_prompt_ids": "classifier-free guidance is not implemented",
@@ -38,9 +36,14 @@ REFUSED_FIELDS = {
     "token_healing": "token healing is not implemented",
     "low_memory": "transformers itself no longer supports it",
 }
-#: Criteria handled by the compiled loop (length, EOS) or between its chunks on the host (stop strings,
-#: time).
-CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria", "StopStringCriteria", "MaxTimeCriteria")
+#: Criteria generate builds from its settings, each handled by the compiled loop (length, EOS) or between
+#: its chunks on the host (stop strings, time), with the setting that builds it.
+CRITERIA = {
+    "MaxLengthCriteria": "max_new_tokens or max_length",
+    "EosTokenCriteria": "eos_token_id",
+    "StopStringCriteria": "stop_strings",
+    "MaxTimeCriteria": "max_time",
+}
 #: transformers' generation modes hfax runs, and the backend feature each needs.
 MODES = {"greedy_search": None, "sample": None, "beam_search": "beams"}
 
@@ -54,8 +57,11 @@ class Request:
     encoder-decoder (``input_ids`` and ``attention_mask``, or ``input_features``), ``inputs`` a decoder-only
     model's other inputs (images, their sizes, token types: :mod:`hfax.generation.inputs`), run in prefill.
     ``width`` is the length transformers counts as the input (``cur_len`` before the first new token).
-    ``steps`` are the logits processors (:mod:`hfax.generation.processors`); ``stop`` transformers'
-    ``StopStringCriteria`` (checked on the host) or ``None``. ``finish`` turns the sequences into the
+    ``steps`` are the logits processors (:mod:`hfax.generation.processors`), the caller's own
+    ``logits_processor`` among them; ``criteria`` the stopping criteria checked on the host between chunks
+    (transformers' ``StopStringCriteria`` and the caller's own ``stopping_criteria``), empty if none;
+    ``pad_stopped`` whether a row they stop is padded from there on (transformers pads only when its
+    criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done. ``finish`` turns the sequences into the
     model's own result where its ``generate`` differs (its family's
     :attr:`~hfax.generation.traits.GenerationTraits.result`).
     """
@@ -75,7 +81,8 @@ class Request:
     num_beams: int
     seed: int
     steps: tuple[processors.Step, ...]
-    stop: Any = None
+    criteria: tuple[Any, ...] = ()
+    pad_stopped: bool = True
     deadline: float | None = None
     vocab: int = 0
     inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
@@ -280,6 +287,8 @@ def prepare(
     seed, rng = options.pop("seed", None), options.pop("rng", None)
     tokenizer = options.pop("tokenizer", None)
     generation_config = options.pop("generation_config", None)
+    own_processors = _callers_list(options.pop("logits_processor", None), "logits_processor")
+    own_criteria = _callers_list(options.pop("stopping_criteria", None), "stopping_criteria")
     traits = generation_traits(module)
     taken = _family_options(module, traits, options)
     _refuse_arguments(options)
@@ -365,20 +374,19 @@ def prepare(
             input_ids_seq_length=width,
             encoder_input_ids=encoder_ids,
             prefix_allowed_tokens_fn=None,
-            logits_processor=LogitsProcessorList(),
+            logits_processor=LogitsProcessorList(own_processors),
             device="cpu",
             model_kwargs=model_kwargs,
         ),
         vocab,
         expand,
     )
-    criteria = module._get_stopping_criteria(config, StoppingCriteriaList(), tokenizer=tokenizer)
-    unknown = [type(c).__name__ for c in criteria if type(c).__name__ not in CRITERIA]
-    if unknown:
-        raise NotImplementedError(f"hfax's generate cannot run the stopping criteria {unknown}")
-    stop = next((c for c in criteria if type(c).__name__ == "StopStringCriteria"), None)
-    if stop is not None and config.num_beams > 1:
-        raise NotImplementedError("hfax's beam search does not take stop_strings; use eos_token_id")
+    built = module._get_stopping_criteria(config, StoppingCriteriaList(), tokenizer=tokenizer)
+    criteria = _host_criteria(built, own_criteria)
+    if criteria and config.num_beams > 1:
+        raise NotImplementedError(
+            "hfax's beam search does not take stop_strings or stopping_criteria; use eos_token_id"
+        )
     deadline = time.monotonic() + config.max_time if config.max_time is not None else None
     if expand > 1:
         if source is not None:
@@ -402,12 +410,48 @@ def prepare(
         num_beams=int(config.num_beams) if mode == "beam_search" else 1,
         seed=_seed(seed, rng, bool(config.do_sample)),
         steps=steps,
-        stop=stop,
+        criteria=criteria,
+        pad_stopped=any(
+            hasattr(criterion, "eos_token_id") for criterion in (*built, *own_criteria)
+        ),
         deadline=deadline,
         vocab=vocab,
         inputs=extra,
         finish=finish,
     )
+
+
+def _callers_list(value: Any, name: str) -> list[Any]:
+    """The caller's ``logits_processor`` or ``stopping_criteria``: a transformers ``LogitsProcessorList`` /
+    ``StoppingCriteriaList`` or a plain list, of callables."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(callable(item) for item in value):
+        kind = "LogitsProcessorList" if name == "logits_processor" else "StoppingCriteriaList"
+        raise TypeError(
+            f"{name} must be a transformers {kind} (a list of callables), got {value!r}"
+        )
+    return list(value)
+
+
+def _host_criteria(built: Any, own: list[Any]) -> tuple[Any, ...]:
+    """The stopping criteria the host checks between chunks: transformers' ``StopStringCriteria`` if the
+    settings built one, then the caller's own. A caller's criterion of a kind the settings also built
+    would replace transformers' (its ``_merge_criteria_processor_list``) while hfax's loop keeps the
+    setting's: it is refused, naming the setting to use instead."""
+    built_kinds = {type(criterion).__name__ for criterion in built}
+    unknown = sorted(built_kinds - set(CRITERIA))
+    if unknown:
+        raise NotImplementedError(f"hfax's generate cannot run the stopping criteria {unknown}")
+    for criterion in own:
+        kind = type(criterion).__name__
+        if kind in built_kinds and kind in CRITERIA:
+            raise ValueError(
+                f"stopping_criteria holds a {kind}, which generate also builds from this call's settings: set "
+                f"{CRITERIA[kind]} instead"
+            )
+    stop = [criterion for criterion in built if type(criterion).__name__ == "StopStringCriteria"]
+    return (*stop, *own)
 
 
 def _start_from_bos(config: Any) -> np.ndarray:
