@@ -222,6 +222,12 @@ def run_tests(session: nox.Session, *paths: Path | str, env: dict[str, str] = TE
     # real jax. No test collected is pytest's exit code 5, which fails the session like any other.
     chosen = ["-k", select] if select else []
     spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    # One hfax cache for every process of the run, emptied first: each traced and compiled program of a
+    # tiny model is made once and read by the other pytest workers and the tests' subprocesses (keyed by
+    # content: hfax's programs.py), where each worker used to make its own (docs/PERFORMANCE.md, "CI
+    # time"). Tests that need a cache of their own (cold starts, plugin upgrades, the server) set theirs.
+    cache = Path(session.virtualenv.location or ROOT / ".nox") / "hfax-cache"
+    shutil.rmtree(cache, ignore_errors=True)
     session.run(
         "pytest",
         "--import-mode=importlib",
@@ -230,7 +236,7 @@ def run_tests(session: nox.Session, *paths: Path | str, env: dict[str, str] = TE
         *map(str, paths),
         *chosen,
         *session.posargs,
-        env=env,
+        env={"HFAX_CACHE": str(cache), **env},
     )
 
 
