@@ -6,6 +6,8 @@ Tiny models with spread weights (their next token depends on the context, so a w
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import torch
@@ -391,6 +393,44 @@ def test_processor_settings_are_traced_values(tiny):
         assert model.last_generate_stats.compiles == 0
 
 
+def test_beam_sampling_draws_as_transformers_does(tiny):
+    """Beam sampling (``num_beams > 1, do_sample=True``) draws each step's continuations without
+    replacement from the softmax of their scores, as transformers' ``torch.multinomial`` does.
+
+    At temperature 1 the token it returns (one step, two beams: the best of four draws) is distributed as
+    transformers' over 300 seeds each. As the temperature goes to 0 every draw is the best continuation, so
+    the beams are transformers' beam search's, their scores divided by the temperature. (transformers' own
+    beam sampling does not reach that limit: its probabilities underflow to zero and ``torch.multinomial``
+    then draws among zeros.) A seed fixes the beams."""
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    one = dict(num_beams=2, do_sample=True, top_k=0, max_new_tokens=1)
+    ours, theirs = collections.Counter(), collections.Counter()
+    for seed in range(300):
+        ours[int(as_numpy(model.generate(ids, seed=seed, **one))[0, -1])] += 1
+        torch.manual_seed(seed)
+        theirs[int(transformers_generate(reference, ids, **one)[0, -1])] += 1
+    distance = sum(abs(ours[t] - theirs[t]) for t in ours.keys() | theirs.keys()) / 600
+    assert distance < 0.12, (ours.most_common(6), theirs.most_common(6))
+
+    ids, mask = left_padded(PROMPTS[:2])
+    beams = dict(
+        num_beams=3, max_new_tokens=8, num_return_sequences=2, return_dict_in_generate=True
+    )
+    want = transformers_generate(reference, ids, mask, output_scores=True, **beams)
+    cold = dict(do_sample=True, temperature=0.001, top_k=0, output_scores=True, **beams)
+    got = model.generate(ids, mask, seed=1, **cold)
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    np.testing.assert_array_equal(as_numpy(got.beam_indices), want.beam_indices.numpy())
+    np.testing.assert_allclose(
+        as_numpy(got.sequences_scores) * 0.001, want.sequences_scores.numpy(), rtol=1e-3
+    )
+    warm = dict(num_beams=3, do_sample=True, top_k=0, max_new_tokens=8)
+    first = as_numpy(model.generate(ids, mask, seed=5, **warm))
+    np.testing.assert_array_equal(first, as_numpy(model.generate(ids, mask, seed=5, **warm)))
+    assert not np.array_equal(first, as_numpy(model.generate(ids, mask, seed=6, **warm)))
+
+
 def test_beam_search_compiles_once_per_bucket_and_beam_count(tiny, backend):
     _, model = tiny("llama")
     try:
@@ -530,7 +570,6 @@ def word_tokenizer(directory):
             NotImplementedError,
             "group_beam_search",
         ),
-        (dict(num_beams=2, do_sample=True), NotImplementedError, "beam_sample"),
         (
             dict(output_attentions=True, return_dict_in_generate=True),
             NotImplementedError,

@@ -396,7 +396,11 @@ def test_streamer_gets_the_tokens_as_they_come(tiny):
         (dict(repetition_penalty=-1.0), ValueError, "penalty"),
         (dict(stop_strings=["ab"]), ValueError, "tokenizer"),
         (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "contrastive"),
-        (dict(logits_processor=[object()]), NotImplementedError, "logits_processor"),
+        (
+            dict(logits_processor=[object()]),
+            TypeError,
+            "logits_processor must be a transformers LogitsProcessorList",
+        ),
     ],
 )
 def test_bad_settings_are_rejected(tiny, kwargs, error, words):

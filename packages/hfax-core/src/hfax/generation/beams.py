@@ -3,7 +3,8 @@
 transformers' vectorized beam search keeps fixed-shape buffers already; its helpers index them with the
 Python ``cur_len`` and branch on Python settings, so they cannot run inside a compiled loop as they are.
 This is the same algorithm with the step as a tensor: each step keeps the ``keep`` best continuations
-over all beams (``keep`` = (EOS tokens + 1) x beams, at least 2 x beams), the best ``num_beams`` of those
+(beam sampling, ``do_sample=True``: ``keep`` drawn without replacement from the softmax of their scores,
+as transformers' ``torch.multinomial`` draws them, then ordered by score) over all beams (``keep`` = (EOS tokens + 1) x beams, at least 2 x beams), the best ``num_beams`` of those
 that did not end continue, and those that ended join the finished hypotheses when their length-penalized
 score is among the ``num_beams`` best. The running rows are reordered every step; the engine reorders its
 cache by the indices :func:`advance` returns.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfax.generation import processors
+from hfax.generation import processors, search
 
 #: transformers' stand-in for minus infinity in beam scores.
 _NEG = -1.0e9
@@ -76,7 +77,14 @@ def advance(
         decoding.steps, arrays["steps"], torch.log_softmax(logits, dim=-1), history
     )
     total = (log_probs.view(batch, beams, vocab) + state["beam_scores"][:, :, None]).view(batch, -1)
-    top_scores, top = torch.topk(total, k=keep)
+    if decoding.do_sample:  # Gumbel-top-k: `keep` draws without replacement, each ~ softmax(total)
+        rows_index = torch.arange(batch, dtype=torch.int32, device=logits.device)
+        noise = search.gumbel(arrays["seed"], step, rows_index, beams * vocab)
+        top = torch.topk(total + noise, k=keep).indices
+        top_scores, order = total.gather(1, top).sort(dim=-1, descending=True)
+        top = top.gather(1, order)
+    else:
+        top_scores, top = torch.topk(total, k=keep)
     origin = (top // vocab).to(torch.int32)  # which beam each continuation extends
     token = (top % vocab).to(torch.int32)
     ids = _write_column(_gather(state["ids"].view(batch, beams, -1), origin), prompt + step, token)

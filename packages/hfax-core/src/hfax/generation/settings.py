@@ -45,7 +45,7 @@ CRITERIA = {
     "MaxTimeCriteria": "max_time",
 }
 #: transformers' generation modes hfax runs, and the backend feature each needs.
-MODES = {"greedy_search": None, "sample": None, "beam_search": "beams"}
+MODES = {"greedy_search": None, "sample": None, "beam_search": "beams", "beam_sample": "beams"}
 
 
 @dataclasses.dataclass
@@ -133,16 +133,12 @@ def _check_fields(config: Any, features: frozenset[str]) -> str:
     mode = str(getattr(config.get_generation_mode(), "value", config.get_generation_mode()))
     if mode not in MODES:
         raise NotImplementedError(
-            f"hfax's generate runs greedy search, sampling and beam search; these settings ask for "
+            f"hfax's generate runs greedy search, sampling, beam search and beam sampling; these settings ask for "
             f"transformers' {mode!r} mode"
         )
     if MODES[mode] and MODES[mode] not in features:
         raise NotImplementedError(
             f"this backend's generate does not implement {mode} (it supports {sorted(features)})"
-        )
-    if mode == "beam_search" and config.do_sample:
-        raise NotImplementedError(
-            "hfax's beam search is deterministic: use do_sample=False with num_beams > 1"
         )
     return mode
 
@@ -407,7 +403,7 @@ def prepare(
         pad=pad,
         filler=filler,
         do_sample=bool(config.do_sample),
-        num_beams=int(config.num_beams) if mode == "beam_search" else 1,
+        num_beams=int(config.num_beams) if mode in ("beam_search", "beam_sample") else 1,
         seed=_seed(seed, rng, bool(config.do_sample)),
         steps=steps,
         criteria=criteria,
