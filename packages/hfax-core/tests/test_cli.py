@@ -3,7 +3,6 @@ and ``chat`` on a model: packages/hfax-jax/tests/test_cli_jax.py), and the comma
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import hfax
-from hfax.cli import app
+from hfax.cli import app, main
 from hfax.plugins import PluginHookError, PluginLoadWarning, reset_plugins
 
 
@@ -76,6 +75,15 @@ def test_generate_without_backend_names_the_install_command(monkeypatch):
     assert "pip install -r requirements/jax.txt" in result.stderr
 
 
+def hfax_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``hfax ARGS`` through the console script's entry point (``hfax.cli.main``) in this process, as a
+    user's shell runs it but without a new interpreter: its exit code and what it wrote to stderr."""
+    monkeypatch.setattr(sys, "argv", ["hfax", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    return exited.value.code, capsys.readouterr().err
+
+
 def hfax_command(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     """``hfax ARGS`` in a new process, as a user runs it."""
     return subprocess.run(
@@ -102,13 +110,13 @@ def hfax_command(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
         (["plan", "--device-memory", "lots"], "--device-memory lots: expected a size such as 16GB"),
     ],
 )
-def test_a_user_error_is_one_line_and_exit_code_2(args, message):
-    done = hfax_command(*args)
-    assert done.returncode == 2, done.stderr
+def test_a_user_error_is_one_line_and_exit_code_2(args, message, monkeypatch, capsys):
+    code, stderr = hfax_main(monkeypatch, capsys, *args)
+    assert code == 2, stderr
     # transformers itself says on stderr when torch is missing (hfax-core's own venv has none).
-    lines = [line for line in done.stderr.splitlines() if not line.startswith("[transformers]")]
-    assert lines == [f"hfax: error: {done.stderr.split('hfax: error: ')[1].strip()}"]
-    assert message in done.stderr and "Traceback" not in done.stderr
+    lines = [line for line in stderr.splitlines() if not line.startswith("[transformers]")]
+    assert lines == [f"hfax: error: {stderr.split('hfax: error: ')[1].strip()}"]
+    assert message in stderr and "Traceback" not in stderr
 
 
 def test_debug_shows_the_traceback():
@@ -181,15 +189,16 @@ def test_a_plugin_command_may_not_take_a_core_commands_name(install, monkeypatch
 @pytest.mark.parametrize(
     ("command", "distribution"), [("serve", "hfax-serve"), ("finetune", "hfax-jax")]
 )
-def test_a_plugin_command_without_its_plugin_names_the_package_to_install(command, distribution):
+def test_a_plugin_command_without_its_plugin_names_the_package_to_install(
+    command, distribution, monkeypatch, capsys
+):
     # What a user sees: one line naming the distribution and the command that installs it, exit code 2.
-    done = subprocess.run(
-        [sys.executable, "-c", "from hfax.cli import main; main()", command, "-m", "x", "--port", "1"],
-        capture_output=True, text=True, env={**os.environ, "HFAX_DISABLE_PLUGINS": "1"},
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    monkeypatch.setenv("HFAX_DISABLE_PLUGINS", "1")
+    reset_plugins()
+    code, stderr = hfax_main(monkeypatch, capsys, command, "-m", "x", "--port", "1")
+    assert code == 2, stderr
     # Its last line: without torch, transformers' import warns first ("PyTorch was not found").
-    assert done.stderr.strip().splitlines()[-1] == (
+    assert stderr.strip().splitlines()[-1] == (
         f"hfax: error: `hfax {command}` comes from the {distribution} plugin, which is not installed (or "
         "is blocked: see `hfax plugins`); to install it: in the root of a clone of hfax, pip install -r "
         "requirements/jax.txt"
