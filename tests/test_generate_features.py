@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 
 import hfax
 from hfax.plugins import backends
@@ -425,7 +426,10 @@ def test_beam_sampling_draws_as_transformers_does(tiny):
         return sum(abs(sample[t] - exact[t]) for t in sample.keys() | exact.keys()) / 2
 
     assert distance(ours) < 0.1, (ours.most_common(6), exact.most_common(6))
-    assert distance(theirs) < 0.15, (theirs.most_common(6), exact.most_common(6))
+    # transformers orders the draws by score since 5.24; 5.23 kept them in the order drawn, so that the
+    # first of them, not the best, ran on (hfax does as 5.24 does).
+    if Version(transformers.__version__) >= Version("5.24"):
+        assert distance(theirs) < 0.15, (theirs.most_common(6), exact.most_common(6))
 
     ids, mask = left_padded(PROMPTS[:2])
     beams = dict(
