@@ -206,6 +206,38 @@ def test_completion_token_ids_and_logprobs(served):
     assert [next(iter(top)) for top in logprobs.top_logprobs] == logprobs.tokens
 
 
+def test_echo_gives_the_prompts_log_probabilities_as_transformers_computes_them(served):
+    """``echo`` with ``logprobs`` (how lm-evaluation-harness scores a text): the prompt's text and each of
+    its tokens' log-probabilities after the ones before it (none for the first), transformers'
+    log-softmax within 1e-4, then the completion's; ``max_tokens: 0`` gives the prompt alone."""
+    import torch
+
+    prompt = PROMPTS[4]
+    ids = served.ids(prompt)
+    with torch.no_grad():
+        logits = served.reference(torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1)
+    want = expected[torch.arange(len(ids) - 1), ids[1:]].numpy()
+    alone = served.complete(prompt, max_tokens=0, echo=True, logprobs=2)
+    choice = alone.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert alone.usage.completion_tokens == 0 and alone.usage.prompt_tokens == len(ids)
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [served.tokenizer.decode([t]) for t in ids]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    np.testing.assert_allclose(logprobs.token_logprobs[1:], want, atol=1e-4)
+    for position, top in enumerate(logprobs.top_logprobs[1:]):
+        best = torch.topk(expected[position], 2)
+        assert list(top) == [served.tokenizer.decode([t]) for t in best.indices.tolist()]
+        np.testing.assert_allclose(list(top.values()), best.values.numpy(), atol=1e-4)
+    greedy = served.greedy(ids, 3)
+    choice = served.complete(prompt, max_tokens=3, echo=True, logprobs=1).choices[0]
+    assert choice.text == prompt + served.text(greedy)
+    assert len(choice.logprobs.token_logprobs) == len(ids) + len(greedy)
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[1 : len(ids)], want, atol=1e-4)
+    assert served.complete(prompt, max_tokens=3, echo=True).choices[0].text == choice.text
+
+
 def test_chat_equals_transformers_streamed_and_not(served):
     messages = [
         {"role": "system", "content": "you are a cat"},
@@ -279,6 +311,9 @@ def _error(call) -> tuple[int, dict]:
         ({"frequency_penalty": 1.0}, "frequency_penalty"),
         ({"logprobs": 9}, "logprobs"),
         ({"prompt": "one " * LENGTH}, "prompt"),
+        ({"echo": "yes"}, "echo"),
+        ({"echo": True, "stream": True}, "echo"),
+        ({"echo": True, "max_tokens": -1}, "max_tokens"),
     ],
 )
 def test_bad_requests_are_400_and_the_server_keeps_serving(served, options, param):

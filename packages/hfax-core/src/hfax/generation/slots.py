@@ -32,6 +32,17 @@ class Chunk:
     finished: np.ndarray
 
 
+@dataclasses.dataclass
+class Scored:
+    """A prompt's own log-probabilities (host arrays): for each token after the first, ``logprobs`` the
+    log-probability the model gave it after the tokens before it, and ``top_ids``/``top_logprobs`` the
+    likeliest tokens there (:data:`hfax.generation.rows.TOP_LOGPROBS` of them, best first)."""
+
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
 class SlotEngine(Protocol):
     """What a backend gives the scheduler: a fixed number of rows decoded together."""
 
@@ -45,6 +56,10 @@ class SlotEngine(Protocol):
 
     def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
         """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
+
+    def score(self, ids: list[int]) -> Scored:
+        """``ids``' own log-probabilities (what ``echo`` with ``logprobs`` answers), in a forward of their
+        own that leaves every row as it is."""
 
     def decode(self, steps: int, rows: int) -> None:
         """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""

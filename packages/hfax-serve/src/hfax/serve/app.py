@@ -79,6 +79,26 @@ class Server:
             kind, body, self.name, self.tokenizer, self.scheduler.fits, self.length
         )
 
+    async def score(self, ids: list[int]) -> Any:
+        """``ids``' own log-probabilities (:class:`~hfax.generation.slots.Scored`), computed on the
+        scheduler's thread between decode chunks."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        try:
+            self.scheduler.score(
+                ids, lambda scored: loop.call_soon_threadsafe(future.set_result, scored)
+            )
+        except QueueFull:
+            raise APIError("the server is shutting down", status=503, kind="server_error") from None
+        scored = await future
+        if isinstance(scored, Exception):
+            raise APIError(
+                "the model failed on this request; see the server's log",
+                status=500,
+                kind="server_error",
+            )
+        return scored
+
     async def run(self, job: Job, disconnected: Any) -> AsyncIterator[tuple[Choice, Event, str]]:
         """Queue ``job``'s choices and yield ``(choice, event, new text)`` as tokens arrive, until every
         choice finished; cancels them all if the consumer stops early or ``disconnected()`` says so."""
@@ -176,6 +196,20 @@ class Logprobs:
             "text_offset": offsets,
         }
 
+    def prompt(self, ids: list[int], scored: Any) -> dict[str, Any]:
+        """``echo``'s part: the prompt's tokens with their log-probabilities (none for the first, which
+        nothing comes before), as OpenAI's completions give them."""
+        first = Event([ids[0]], [], [], [])
+        rest = Event(ids[1:], scored.logprobs.tolist(), scored.top_ids.tolist(),
+                     scored.top_logprobs.tolist())  # fmt: skip
+        head, tail = self.completions(first, 0), self.completions(rest, len(self._token(ids[0])))
+        return {
+            "tokens": head["tokens"] + tail["tokens"],
+            "token_logprobs": [None] + tail["token_logprobs"],
+            "top_logprobs": [None] + tail["top_logprobs"] if self.top else None,
+            "text_offset": head["text_offset"] + tail["text_offset"],
+        }
+
     def chat(self, event: Event) -> dict[str, Any]:
         def entry(token: int, logprob: float) -> dict[str, Any]:
             text = self._token(token)
@@ -205,7 +239,18 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     reasons: dict[int, str | None] = {}
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
     tokens = 0
-    async for choice, event, text in server.run(job, disconnected):
+    echo = job.echo or ""
+    if job.echo is not None:  # the prompt first, in every choice
+        for i in range(job.n):
+            texts[i].append(echo)
+        if job.logprobs is not None:
+            scored = logprobs.prompt(job.ids, await server.score(job.ids))
+            for i in range(job.n):
+                logs[i].append(scored)
+    events = server.run(job, disconnected) if job.max_new else _nothing()
+    if not job.max_new:
+        reasons = dict.fromkeys(range(job.n), "length")
+    async for choice, event, text in events:
         texts[choice.index].append(text)
         if job.logprobs is not None and event.ids:
             offset = sum(len(t) for t in texts[choice.index][:-1])
@@ -232,6 +277,12 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
         "choices": choices,
         "usage": usage(job, tokens),
     }
+
+
+async def _nothing() -> AsyncIterator[tuple[Choice, Event, str]]:
+    """No tokens: what ``max_tokens: 0`` with ``echo`` asks for."""
+    return
+    yield
 
 
 def _head(server: Server, job: Job) -> dict[str, Any]:

@@ -47,7 +47,6 @@ UNSUPPORTED = {
     "presence_penalty": 0,
     "frequency_penalty": 0,
     "logit_bias": None,
-    "echo": False,
     "suffix": None,
     "best_of": 1,
     "tools": None,
@@ -90,6 +89,7 @@ class Job:
     logprobs: int | None  # how many top alternatives per token, or None for no logprobs
     stream: bool
     include_usage: bool
+    echo: str | None = None  # completions' ``echo``: the prompt's text, put before each choice's
 
     def sampling(self, choice: int) -> Sampling:
         return Sampling(self.temperature, self.top_p, self.seed, choice, self.logprobs is not None)
@@ -121,11 +121,14 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
             code="model_not_found",
         )
     ids = _prompt_ids(body, tokenizer) if kind == "completions" else _chat_ids(body, tokenizer)
+    echo = body.get("echo", False) if kind == "completions" else False
+    if not isinstance(echo, bool):
+        raise APIError("echo must be true or false", param="echo")
     default_max = 16 if kind == "completions" else None
-    max_new = _max_tokens(body, kind, default_max)
+    max_new = _max_tokens(body, kind, default_max, echo)
     if max_new is None:
         max_new = max(1, length - len(ids))
-    if not fits(len(ids), max_new):
+    if not fits(len(ids), max(max_new, 1)):
         param = (
             "max_tokens" if fits(len(ids), 1) else "prompt" if kind == "completions" else "messages"
         )
@@ -149,6 +152,10 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
     stream = body.get("stream", False) or False
     if not isinstance(stream, bool):
         raise APIError("stream must be true or false", param="stream")
+    if echo and stream:
+        raise APIError(
+            "echo with stream is not supported by hfax serve; ask without stream", param="echo"
+        )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise APIError(
@@ -166,7 +173,16 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         logprobs=_logprobs(body, kind),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
+        echo=_prompt_text(body, ids, tokenizer) if echo else None,
     )
+
+
+def _prompt_text(body: dict[str, Any], ids: list[int], tokenizer: Any) -> str:
+    """The prompt as ``echo`` gives it back: as sent, or its token ids decoded."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
 
 def _prompt_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
@@ -223,15 +239,19 @@ def _content(content: Any) -> str:
     raise APIError("message content must be a string or a list of text parts", param="messages")
 
 
-def _max_tokens(body: dict[str, Any], kind: str, default: int | None) -> int | None:
+def _max_tokens(body: dict[str, Any], kind: str, default: int | None, echo: bool) -> int | None:
+    """The tokens to generate; 0 only with ``echo`` (the prompt alone, as scoring clients ask)."""
     name = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value) or value < 1:
-        raise APIError(f"{name} must be a positive integer", param=name)
+    if not _is_int(value) or value < (0 if echo else 1):
+        raise APIError(
+            f"{name} must be a positive integer{' (or 0 with echo)' if kind == 'completions' else ''}",
+            param=name,
+        )
     return value
 
 

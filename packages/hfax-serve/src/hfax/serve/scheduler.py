@@ -80,6 +80,9 @@ class Scheduler:
         self.engine, self.eos, self.max_queue = engine, set(eos), max_queue
         self.counters = Counters()
         self._waiting: collections.deque[Sequence] = collections.deque()
+        self._scoring: collections.deque[tuple[list[int], Callable[[Any], None]]] = (
+            collections.deque()
+        )
         self._rows: list[Sequence | None] = [None] * engine.slots
         self._spans: dict[int, tuple[int, int]] = {}  # row -> its columns [first, end)
         self._wake = threading.Condition()
@@ -109,6 +112,17 @@ class Scheduler:
             self._waiting.extend(sequences)
             self._wake.notify()
 
+    def score(self, ids: list[int], done: Callable[[Any], None]) -> None:
+        """Score ``ids`` (the engine's :meth:`~hfax.generation.slots.SlotEngine.score`: an ``echo``'s
+        prompt log-probabilities) on the worker thread before its next admission and chunk; ``done`` gets
+        the :class:`~hfax.generation.slots.Scored`, or the exception, on that thread. Raises
+        :class:`QueueFull` once the server is closing."""
+        with self._wake:
+            if self._closing:
+                raise QueueFull
+            self._scoring.append((ids, done))
+            self._wake.notify()
+
     def cancel(self, sequence: Sequence) -> None:
         """Stop ``sequence``: it leaves the queue or its row before the next chunk (thread-safe)."""
         with self._wake:
@@ -128,11 +142,19 @@ class Scheduler:
         while True:
             with self._wake:
                 self._drop_cancelled()
-                while not self._closing and not self._waiting and not self.busy:
+                while not (self._closing or self._waiting or self.busy or self._scoring):
                     self._wake.wait()
-                if self._closing and not self.busy and not self._waiting:
+                if self._closing and not self.busy and not self._waiting and not self._scoring:
                     return
                 admitted = self._take_admissible()
+                scoring, self._scoring = list(self._scoring), collections.deque()
+            for ids, done in scoring:
+                try:
+                    scored: Any = self.engine.score(ids)
+                except Exception as error:  # noqa: BLE001 - that request gets an error, the server serves on
+                    log.exception("hfax serve: scoring a prompt failed")
+                    scored = error
+                done(scored)
             try:
                 for row, sequence in admitted:
                     self._admit(row, sequence)

@@ -99,12 +99,13 @@ class Forward:
         inputs: Any = None,
         masked: bool = True,
         at: Any = None,
+        every: bool = False,
     ) -> tuple[Any, Any]:
         """A decoder-only forward over ``window`` into the cache holding ``states`` (``None``: a cache of
         the window's length, new). A prefill passes ``inputs`` (the model's other inputs, images included)
         and ``static.constants`` go with them; a recurrent model decoding needs no mask (not ``masked``). A
         model without a cache reads all of the window's ids and gives the logits at position ``at``; the
-        others give the last position's."""
+        others give the last position's, or with ``every`` every position's (``[batch, window, vocab]``)."""
         static = self.static
         constants = inputs is not None and bool(static.constants)
         if constants:
@@ -132,8 +133,8 @@ class Forward:
                 )
             kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
             # Multimodal positions among the inputs replace the plain ones.
-            output = self._call(tparams, kwargs, cache, twindow.positions, tinputs)
-            logits = output.logits if at is not None else output.logits[:, -1, :]
+            output = self._call(tparams, kwargs, cache, twindow.positions, tinputs, every=every)
+            logits = output.logits if at is not None or every else output.logits[:, -1, :]
             new_states = cache.states(after=output.logits) if cache is not None else []
             logits, new_states = to_array((logits, new_states))
         if at is not None:
@@ -191,7 +192,13 @@ class Forward:
         return masks.attention_mask(form, window.valid, window.queries, dtype, blocks)
 
     def _call(
-        self, tparams: Any, kwargs: dict[str, Any], cache: Any, positions: Any, inputs: Any = None
+        self,
+        tparams: Any,
+        kwargs: dict[str, Any],
+        cache: Any,
+        positions: Any,
+        inputs: Any = None,
+        every: bool = False,
     ) -> Any:
         static = self.static
         if cache is not None:
@@ -204,7 +211,7 @@ class Forward:
         if static.appended is not None and static.appended.lang is not None:
             kwargs["langs"] = torch.full_like(kwargs["input_ids"], static.appended.lang)
         kwargs.update(inputs or {})
-        if static.logits_to_keep and cache is not None:
+        if static.logits_to_keep and cache is not None and not every:
             kwargs["logits_to_keep"] = 1
         return torch.func.functional_call(
             self.model.module, tparams, (), kwargs, tie_weights=True, strict=False

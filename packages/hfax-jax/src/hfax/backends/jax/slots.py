@@ -51,7 +51,7 @@ from hfax.generation.shapes import (
     cache_argument,
     no_static_cache,
 )
-from hfax.generation.slots import Chunk
+from hfax.generation.slots import Chunk, Scored
 
 
 def check_servable(model: Any, length: int) -> None:
@@ -222,6 +222,23 @@ def admit_program(
     return {**state, "states": states, "valid": valid, "rows": table}, chosen
 
 
+def score_program(
+    model: Any, params: Any, ids: Any, mask: Any, static: SlotStatic
+) -> tuple[Any, Any, Any]:
+    """The log-probabilities of ``ids`` (``[1, bucket]``, left-padded as :func:`admit_program`'s) in a
+    forward of their own: at each position the next token's, and the :data:`rows.TOP_LOGPROBS` likeliest
+    tokens with theirs (``[bucket - 1]`` and ``[bucket - 1, TOP_LOGPROBS]``; the padding's are read by no
+    one)."""
+    prompt = ids.shape[1]
+    positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
+    forward = Forward(model, static.step, static.layout, params)
+    logits, _ = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None, every=True)
+    log_probs = jax.nn.log_softmax(logits[0, :-1], axis=-1)
+    chosen = jnp.take_along_axis(log_probs, ids[0, 1:, None].astype(jnp.int32), axis=-1)[:, 0]
+    top_logprobs, top_ids = jax.lax.top_k(log_probs, rows.TOP_LOGPROBS)
+    return chosen, top_ids, top_logprobs
+
+
 def decode_program(
     model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
 ) -> dict[str, Any]:
@@ -384,6 +401,25 @@ class SlotEngine:
         static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
         self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
         return {name: np.asarray(value) for name, value in chosen.items()}
+
+    def score(self, ids: list[int]) -> Scored:
+        """``ids``' own log-probabilities (:func:`score_program`): one program per prompt bucket, compiled
+        when a prompt of its bucket is first scored."""
+        size = self.bucket(len(ids))
+        padded = np.zeros((1, size), np.int32)
+        mask = np.zeros((1, size), bool)
+        padded[0, size - len(ids) :], mask[0, size - len(ids) :] = ids, True
+        program = self.model.program("serve_score", score_program)
+        static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
+        chosen, top_ids, top_logprobs = program(
+            self.model.params, *self._replicate((padded, mask)), static=static
+        )
+        real = slice(
+            size - len(ids), size - 1
+        )  # the positions after each prompt token but the last
+        return Scored(
+            np.asarray(chosen)[real], np.asarray(top_ids)[real], np.asarray(top_logprobs)[real]
+        )
 
     def decode(self, steps: int, rows: int) -> None:
         """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
