@@ -3,8 +3,9 @@
 transformers' vectorized beam search keeps fixed-shape buffers already; its helpers index them with the
 Python ``cur_len`` and branch on Python settings, so they cannot run inside a compiled loop as they are.
 This is the same algorithm with the step as a tensor: each step keeps the ``keep`` best continuations
-(beam sampling, ``do_sample=True``: ``keep`` drawn without replacement from the softmax of their scores,
-as transformers' ``torch.multinomial`` draws them, then ordered by score) over all beams (``keep`` = (EOS tokens + 1) x beams, at least 2 x beams), the best ``num_beams`` of those
+over all beams (``keep`` = (EOS tokens + 1) x beams, at least 2 x beams; beam sampling, ``do_sample``:
+``keep`` drawn without replacement from the softmax of their scores, as transformers'
+``torch.multinomial`` draws them, then ordered by score), the best ``num_beams`` of those
 that did not end continue, and those that ended join the finished hypotheses when their length-penalized
 score is among the ``num_beams`` best. The running rows are reordered every step; the engine reorders its
 cache by the indices :func:`advance` returns.

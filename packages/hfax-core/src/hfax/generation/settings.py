@@ -61,8 +61,8 @@ class Request:
     ``logits_processor`` among them; ``criteria`` the stopping criteria checked on the host between chunks
     (transformers' ``StopStringCriteria`` and the caller's own ``stopping_criteria``), empty if none;
     ``pad_stopped`` whether a row they stop is padded from there on (transformers pads only when its
-    criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done. ``finish`` turns the sequences into the
-    model's own result where its ``generate`` differs (its family's
+    criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done.
+    ``finish`` turns the sequences into the model's own result where its ``generate`` differs (its family's
     :attr:`~hfax.generation.traits.GenerationTraits.result`).
     """
 
@@ -133,8 +133,8 @@ def _check_fields(config: Any, features: frozenset[str]) -> str:
     mode = str(getattr(config.get_generation_mode(), "value", config.get_generation_mode()))
     if mode not in MODES:
         raise NotImplementedError(
-            f"hfax's generate runs greedy search, sampling, beam search and beam sampling; these settings ask for "
-            f"transformers' {mode!r} mode"
+            "hfax's generate runs greedy search, sampling, beam search and beam sampling; these "
+            f"settings ask for transformers' {mode!r} mode"
         )
     if MODES[mode] and MODES[mode] not in features:
         raise NotImplementedError(
@@ -441,7 +441,7 @@ def _host_criteria(built: Any, own: list[Any]) -> tuple[Any, ...]:
         raise NotImplementedError(f"hfax's generate cannot run the stopping criteria {unknown}")
     for criterion in own:
         kind = type(criterion).__name__
-        if kind in built_kinds and kind in CRITERIA:
+        if kind in built_kinds:
             raise ValueError(
                 f"stopping_criteria holds a {kind}, which generate also builds from this call's settings: set "
                 f"{CRITERIA[kind]} instead"

@@ -239,10 +239,9 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     reasons: dict[int, str | None] = {}
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
     tokens = 0
-    echo = job.echo or ""
     if job.echo is not None:  # the prompt first, in every choice
         for i in range(job.n):
-            texts[i].append(echo)
+            texts[i].append(job.echo)
         if job.logprobs is not None:
             scored = logprobs.prompt(job.ids, await server.score(job.ids))
             for i in range(job.n):

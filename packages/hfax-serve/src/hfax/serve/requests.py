@@ -177,18 +177,22 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
     )
 
 
-def _prompt_text(body: dict[str, Any], ids: list[int], tokenizer: Any) -> str:
-    """The prompt as ``echo`` gives it back: as sent, or its token ids decoded."""
+def _prompt(body: dict[str, Any]) -> Any:
+    """The request's ``prompt``, a batch of one prompt unwrapped."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+        return prompt[0]
+    return prompt
+
+
+def _prompt_text(body: dict[str, Any], ids: list[int], tokenizer: Any) -> str:
+    """The prompt as ``echo`` gives it back: as sent, or its token ids decoded."""
+    prompt = _prompt(body)
     return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
 
 def _prompt_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt
+    prompt = _prompt(body)
     if isinstance(prompt, str):
         ids = tokenizer(prompt)["input_ids"]
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):

@@ -414,9 +414,8 @@ class SlotEngine:
         chosen, top_ids, top_logprobs = program(
             self.model.params, *self._replicate((padded, mask)), static=static
         )
-        real = slice(
-            size - len(ids), size - 1
-        )  # the positions after each prompt token but the last
+        # The positions after each prompt token but the last.
+        real = slice(size - len(ids), size - 1)
         return Scored(
             np.asarray(chosen)[real], np.asarray(top_ids)[real], np.asarray(top_logprobs)[real]
         )
