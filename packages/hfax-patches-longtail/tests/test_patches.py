@@ -148,14 +148,25 @@ def test_xlnet_memory_kept_by_a_clamped_slice():
         torch.testing.assert_close(got, want)
 
 
-def test_git_decode_step_reads_a_count_of_one_over_the_same_layers():
-    from transformers.cache_utils import DynamicCache
+def test_a_fixed_count_view_writes_to_the_cache_it_stands_for():
+    # MPT, ProphetNet and GIT hand their forwards this view (hfax.patches.longtail.fixed_count).
+    from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 
-    from hfax.patches.longtail.git import DecodeStep
+    from hfax.patches.longtail.fixed_count import fixed_count
 
-    cache = DynamicCache(config=transformers.GitConfig(num_hidden_layers=2))
-    step = DecodeStep(cache)
-    assert step.layers is cache.layers and step.get_seq_length() == 1
+    config = transformers.GitConfig(num_hidden_layers=2)
+    cache = DynamicCache(config=config)
+    view = fixed_count(cache, 1)
+    assert isinstance(view, Cache) and view.layers is cache.layers and view.get_seq_length() == 1
+    keys = torch.ones(1, 2, 3, 4)
+    view.update(keys, keys, 0)
+    assert cache.get_seq_length() == 3 and view.get_seq_length() == 1
+    cross = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    view = fixed_count(cross, 0)
+    assert isinstance(view, EncoderDecoderCache) and view.get_seq_length() == 0
+    assert view.self_attention_cache is cross.self_attention_cache
+    assert view.cross_attention_cache is cross.cross_attention_cache
+    assert view.is_updated is cross.is_updated
 
 
 def module_of(modeling, name, *args):

@@ -3,28 +3,15 @@
 MPT's attention reads the count of tokens the cache held only to choose its ALiBi bias's query rows
 (``max(0, rows - (n + past))``, a slice at a value; hfax's static cache counts with a tensor, one compiled
 decode step serving every position). The bias ``MptModel`` builds has one row, which every count chooses,
-so the attention is handed the cache with a count of 0 for that choice.
+so the attention is handed the cache with a count of 0 for that choice (:mod:`.fixed_count`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from hfax.patches.longtail.fixed_count import fixed_count
 from hfax.signatures import cache_keyword
-
-
-class _BiasRows:
-    """The cache as :func:`mpt_attention` hands it to ``MptAttention.forward``: ``update`` is the cache's;
-    ``get_seq_length`` is 0, which chooses the one query row of MPT's bias as the true count does."""
-
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        return self.cache.update(*args, **kwargs)
-
-    def get_seq_length(self, *args: Any) -> int:
-        return 0
 
 
 def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, **kwargs: Any) -> Any:
@@ -33,7 +20,7 @@ def mpt_attention(self: Any, hidden_states: Any, position_bias: Any, **kwargs: A
     passes the cache by keyword, under the release's name for it."""
     name = cache_keyword(kwargs)
     if name is not None and position_bias is not None and position_bias.size(1) == 1:
-        kwargs[name] = _BiasRows(kwargs[name])
+        kwargs[name] = fixed_count(kwargs[name], 0)
     return type(self).forward(self, hidden_states, position_bias, **kwargs)
 
 

@@ -26,8 +26,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from transformers.cache_utils import EncoderDecoderCache
-
+from hfax.patches.longtail.fixed_count import fixed_count
 from hfax.signatures import cache_keyword
 
 #: During one decoder forward: its 2-D padding mask (``[batch, slots]``), its positions' padding index and
@@ -78,10 +77,7 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             # A decode step's count is a tensor, and transformers branches on `count != 0`, which dynamo
             # cannot trace: the decoder gets the cache behind an object whose count is a nonzero int
             # (the layers below read the true count, taken above).
-            counted = (
-                _CountedCrossCache if isinstance(outer, EncoderDecoderCache) else _CountedCache
-            )
-            kwargs[name] = counted(outer)
+            kwargs[name] = fixed_count(outer, 1)
         _TRACED.append((slots, padding_idx, written))
         try:
             return type(self).forward(self, *args, **kwargs)
@@ -92,33 +88,6 @@ def decoder_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         return type(self).forward(self, *args, **kwargs)
     finally:
         _SLOTS.reset(token)
-
-
-class _CountedCache:
-    """A decoder-only ProphetNet's cache during a decode step under dynamo: ``update`` is the cache's, and
-    ``get_seq_length`` is 1, which only tells transformers that the step decodes."""
-
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        return self.cache.update(*args, **kwargs)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 1
-
-
-class _CountedCrossCache(EncoderDecoderCache):
-    """The same for an encoder-decoder's cache: its caches and the cross-attention's ``is_updated`` flags
-    are the cache's own objects (what the layers write goes to the cache)."""
-
-    def __init__(self, cache: Any) -> None:  # transformers' __init__ would build new caches
-        self.self_attention_cache = cache.self_attention_cache
-        self.cross_attention_cache = cache.cross_attention_cache
-        self.is_updated = cache.is_updated
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 1
 
 
 def _empty(written: Any) -> bool:
