@@ -279,6 +279,73 @@ def test_seeded_sampling_equals_generate_and_repeats(served):
     assert [c.text for c in other.choices] != expected
 
 
+def test_several_prompts_in_one_request_answer_as_each_alone(served):
+    """A completions request of several prompts (text and token ids): ``n`` choices per prompt, numbered
+    prompt by prompt, each prompt's choices those of a request of it alone (greedy: transformers'
+    tokens; seeded: the same draws), usage summed over the prompts, ``echo`` per prompt."""
+    prompts = [PROMPTS[0], served.ids(PROMPTS[5]), PROMPTS[3]]
+    answer = served.complete(prompts, max_tokens=5)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    for choice, prompt in zip(answer.choices, prompts):
+        ids = served.ids(prompt) if isinstance(prompt, str) else prompt
+        assert choice.text == served.text(served.greedy(ids, 5))
+    assert answer.usage.prompt_tokens == sum(
+        len(served.ids(p) if isinstance(p, str) else p) for p in prompts
+    )
+    options = dict(max_tokens=6, temperature=0.9, seed=7, n=2)
+    sampled = served.complete(prompts[:2], **options)
+    alone = [served.complete(prompt, **options) for prompt in prompts[:2]]
+    assert [c.text for c in sampled.choices] == [c.text for a in alone for c in a.choices]
+    assert [c.index for c in sampled.choices] == [0, 1, 2, 3]
+    echoed = served.complete(prompts, max_tokens=0, echo=True, logprobs=0)
+    token_ids_text = served.tokenizer.decode(prompts[1])  # token ids echo as decoded, BOS and all
+    assert [c.text for c in echoed.choices] == [PROMPTS[0], token_ids_text, PROMPTS[3]]
+    for choice, prompt in zip(echoed.choices, prompts):
+        single = served.complete(prompt, max_tokens=0, echo=True, logprobs=0).choices[0]
+        assert choice.logprobs.token_logprobs == single.logprobs.token_logprobs
+
+
+def _post(served, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{served.url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_tokenizer_endpoints_give_the_served_tokenizers_answers(served):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info (lm-evaluation-harness's remote tokenizer calls
+    them), answered by the served tokenizer as transformers gives them."""
+    tokenizer, prompt = served.tokenizer, PROMPTS[6]
+    status, body = _post(served, "/tokenize", {"model": served.path, "prompt": prompt})
+    assert status == 200 and body["tokens"] == tokenizer(prompt)["input_ids"]
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == LENGTH
+    plain = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert plain != body["tokens"]  # the tiny tokenizer adds BOS
+    status, body = _post(served, "/tokenize", {"prompt": prompt, "add_special_tokens": False})
+    assert body["tokens"] == plain
+    messages = [{"role": "user", "content": "hello"}]
+    status, body = _post(served, "/tokenize", {"messages": messages})
+    assert body["tokens"] == served.chat_ids(messages)
+    status, body = _post(served, "/detokenize", {"tokens": plain})
+    assert status == 200 and body["prompt"] == tokenizer.decode(plain)
+    info = json.loads(_get(f"{served.url}/tokenizer_info"))
+    assert info["eos_token"] == tokenizer.eos_token and info["bos_token"] == tokenizer.bos_token
+    assert info["chat_template"] == tokenizer.chat_template and info["model_max_length"] == LENGTH
+    for path, bad, param in [
+        ("/tokenize", {"prompt": prompt, "messages": messages}, "prompt"),
+        ("/tokenize", {"prompt": prompt, "add_special_tokens": "no"}, "add_special_tokens"),
+        ("/tokenize", {"prompt": prompt, "model": "gpt-4"}, "model"),
+        ("/detokenize", {"tokens": [len(tokenizer)]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {"tokens": [1], "skip": True}, "skip"),
+    ]:
+        status, body = _post(served, path, bad)
+        assert status in (400, 404) and body["error"]["param"] == param, (path, bad, body)
+
+
 def test_stop_strings_end_the_text(served):
     prompt = PROMPTS[0]
     full = served.complete(prompt, max_tokens=12).choices[0].text
@@ -314,6 +381,10 @@ def _error(call) -> tuple[int, dict]:
         ({"echo": "yes"}, "echo"),
         ({"echo": True, "stream": True}, "echo"),
         ({"echo": True, "max_tokens": -1}, "max_tokens"),
+        ({"best_of": 2}, "best_of"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"prompt": ["a"] * 65}, "prompt"),
+        ({"prompt": ["a", []]}, "prompt"),
     ],
 )
 def test_bad_requests_are_400_and_the_server_keeps_serving(served, options, param):

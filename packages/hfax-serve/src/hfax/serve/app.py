@@ -2,6 +2,7 @@
 
     POST /v1/completions, /v1/chat/completions   answered whole, or as server-sent events (``stream``)
     GET  /v1/models, /health, /metrics           what is served, whether it serves, Prometheus counters
+    POST /tokenize, /detokenize; GET /tokenizer_info   the served tokenizer, as vLLM's endpoints give it
 
 A request is checked (:mod:`hfax.serve.requests`), split into its ``n`` choices, and queued on the
 :class:`~hfax.serve.scheduler.Scheduler`; tokens come back per decode chunk and are turned into text
@@ -62,7 +63,7 @@ class Choice:
         def deliver(event: Event) -> None:  # on the scheduler's thread
             loop.call_soon_threadsafe(queue.put_nowait, (self, event))
 
-        self.sequence = Sequence(job.ids, job.max_new, job.sampling(index), deliver)
+        self.sequence = Sequence(job.prompt(index), job.max_new, job.sampling(index), deliver)
 
 
 class Server:
@@ -104,7 +105,7 @@ class Server:
         choice finished; cancels them all if the consumer stops early or ``disconnected()`` says so."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        choices = [Choice(i, job, self.tokenizer, queue, loop) for i in range(job.n)]
+        choices = [Choice(i, job, self.tokenizer, queue, loop) for i in range(job.choices)]
         try:
             self.scheduler.submit([choice.sequence for choice in choices])
         except QueueFull:
@@ -158,10 +159,11 @@ async def _next(queue: asyncio.Queue, disconnected: Any) -> tuple[Choice, Event]
 
 
 def usage(job: Job, choices_tokens: int) -> dict[str, int]:
+    prompt_tokens = sum(len(ids) for ids in job.prompts)
     return {
-        "prompt_tokens": len(job.ids),
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": choices_tokens,
-        "total_tokens": len(job.ids) + choices_tokens,
+        "total_tokens": prompt_tokens + choices_tokens,
     }
 
 
@@ -234,21 +236,23 @@ def _merge(kind: str, parts: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     """The whole response of a request that is not streamed."""
-    texts: dict[int, list[str]] = {i: [] for i in range(job.n)}
-    logs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
+    texts: dict[int, list[str]] = {i: [] for i in range(job.choices)}
+    logs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.choices)}
     reasons: dict[int, str | None] = {}
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
     tokens = 0
-    if job.echo is not None:  # the prompt first, in every choice
-        for i in range(job.n):
-            texts[i].append(job.echo)
-        if job.logprobs is not None:
-            scored = logprobs.prompt(job.ids, await server.score(job.ids))
-            for i in range(job.n):
-                logs[i].append(scored)
+    if job.echoes is not None:  # each prompt first, in each of its choices
+        for number, (ids, echo) in enumerate(zip(job.prompts, job.echoes)):
+            scored = None
+            if job.logprobs is not None:
+                scored = logprobs.prompt(ids, await server.score(ids))
+            for i in range(number * job.n, (number + 1) * job.n):
+                texts[i].append(echo)
+                if scored is not None:
+                    logs[i].append(scored)
     events = server.run(job, disconnected) if job.max_new else _nothing()
     if not job.max_new:
-        reasons = dict.fromkeys(range(job.n), "length")
+        reasons = dict.fromkeys(range(job.choices), "length")
     async for choice, event, text in events:
         texts[choice.index].append(text)
         if job.logprobs is not None and event.ids:
@@ -261,7 +265,7 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
             reasons[choice.index] = _finish(event.finish)
             tokens += choice.tokens
     choices = []
-    for i in range(job.n):
+    for i in range(job.choices):
         text = "".join(texts[i])
         body: dict[str, Any] = {"index": i, "finish_reason": reasons.get(i)}
         if job.kind == "chat":
@@ -296,7 +300,7 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
         "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
     }
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
-    offsets = [0] * job.n
+    offsets = [0] * job.choices
     tokens, finished = 0, 0
     greeted: set[int] = set()
     try:
@@ -325,7 +329,7 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
             if event.finish is not None:
                 tokens += choice.tokens
                 finished += 1
-                if finished == job.n and not job.include_usage:
+                if finished == job.choices and not job.include_usage:
                     chunk["usage"] = usage(job, tokens)
             yield _event(chunk)
         if job.include_usage:
@@ -381,6 +385,22 @@ def metrics(server: Server) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tokenizer_description(tokenizer: Any, length: int) -> dict[str, Any]:
+    """``/tokenizer_info``: the tokenizer's class, special tokens (as text) and chat template, and the
+    tokens a row holds, the fields vLLM's endpoint gives and lm-evaluation-harness's remote tokenizer
+    reads."""
+    template = getattr(tokenizer, "chat_template", None)
+    return {
+        "tokenizer_class": type(tokenizer).__name__,
+        **{
+            name: getattr(tokenizer, name, None)
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+        },
+        "chat_template": template if isinstance(template, str) else None,
+        "model_max_length": length,
+    }
+
+
 def build(server: Server, drain: Any = None) -> Any:
     """The Starlette application serving ``server``."""
     from starlette.applications import Starlette
@@ -424,6 +444,23 @@ def build(server: Server, drain: Any = None) -> Any:
         }
         return JSONResponse({"object": "list", "data": [entry]})
 
+    async def tokenize(request: Request) -> JSONResponse:
+        try:
+            ids = requests.tokenize(await body_of(request), server.name, server.tokenizer)
+        except APIError as error:
+            return error_response(error)
+        return JSONResponse({"count": len(ids), "max_model_len": server.length, "tokens": ids})
+
+    async def detokenize(request: Request) -> JSONResponse:
+        try:
+            ids = requests.detokenize(await body_of(request), server.name, server.tokenizer)
+        except APIError as error:
+            return error_response(error)
+        return JSONResponse({"prompt": server.tokenizer.decode(ids)})
+
+    async def tokenizer_info(request: Request) -> JSONResponse:
+        return JSONResponse(tokenizer_description(server.tokenizer, server.length))
+
     async def health(request: Request) -> Any:
         if server.closing:
             return PlainTextResponse("shutting down", status_code=503)
@@ -451,6 +488,9 @@ def build(server: Server, drain: Any = None) -> Any:
         Route("/v1/completions", endpoint("completions"), methods=["POST"]),
         Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]

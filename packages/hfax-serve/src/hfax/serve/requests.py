@@ -63,6 +63,14 @@ UNSUPPORTED = {
     "store": None,
     "metadata": None,
 }
+#: Why a refused field is refused, where leaving it out is not the whole answer.
+REASONS = {
+    "best_of": "hfax serve ranks no candidates on the server; ask for n choices with logprobs and "
+    "rank them by their token_logprobs",
+    "logit_bias": "the decode step applies no per-request bias yet; leave it out",
+    "presence_penalty": "the decode step applies no per-request penalty yet; leave it out",
+    "frequency_penalty": "the decode step applies no per-request penalty yet; leave it out",
+}
 FIELDS = {
     "completions": COMMON | {"prompt", "echo", "suffix", "best_of"},
     "chat": COMMON
@@ -76,10 +84,14 @@ MAX_STOPS = 4
 
 @dataclasses.dataclass
 class Job:
-    """One request, checked: its prompt tokens and everything its choices and its answer need."""
+    """One request, checked: its prompts' tokens and everything its choices and its answer need.
+
+    A completions request may send several prompts; each gets ``n`` choices, numbered prompt by prompt
+    (choice ``i`` continues prompt ``i // n``), and each prompt's choices are those a request of that
+    prompt alone would get (the same seed draws the same tokens)."""
 
     kind: str  # "completions" or "chat"
-    ids: list[int]
+    prompts: list[list[int]]
     max_new: int
     n: int
     temperature: float
@@ -89,10 +101,21 @@ class Job:
     logprobs: int | None  # how many top alternatives per token, or None for no logprobs
     stream: bool
     include_usage: bool
-    echo: str | None = None  # completions' ``echo``: the prompt's text, put before each choice's
+    echoes: list[str] | None = (
+        None  # completions' ``echo``: each prompt's text, put before its choices'
+    )
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def prompt(self, choice: int) -> list[int]:
+        return self.prompts[choice // self.n]
 
     def sampling(self, choice: int) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.seed, choice, self.logprobs is not None)
+        return Sampling(
+            self.temperature, self.top_p, self.seed, choice % self.n, self.logprobs is not None
+        )
 
 
 def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, length: int) -> Job:
@@ -111,7 +134,8 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
     for name, default in UNSUPPORTED.items():
         value = body.get(name)
         if name in body and value is not None and value != default and value != {}:
-            raise APIError(f"{name} is not supported by hfax serve; leave it out", param=name)
+            reason = REASONS.get(name, "leave it out")
+            raise APIError(f"{name} is not supported by hfax serve: {reason}", param=name)
     model = body.get("model")
     if model != model_name:
         raise APIError(
@@ -120,20 +144,21 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
             param="model",
             code="model_not_found",
         )
-    ids = _prompt_ids(body, tokenizer) if kind == "completions" else _chat_ids(body, tokenizer)
+    prompts = _prompts(body, tokenizer) if kind == "completions" else [_chat_ids(body, tokenizer)]
+    longest = max(len(ids) for ids in prompts)
     echo = body.get("echo", False) if kind == "completions" else False
     if not isinstance(echo, bool):
         raise APIError("echo must be true or false", param="echo")
     default_max = 16 if kind == "completions" else None
     max_new = _max_tokens(body, kind, default_max, echo)
     if max_new is None:
-        max_new = max(1, length - len(ids))
-    if not fits(len(ids), max(max_new, 1)):
+        max_new = max(1, length - longest)
+    if not fits(longest, max(max_new, 1)):
         param = (
-            "max_tokens" if fits(len(ids), 1) else "prompt" if kind == "completions" else "messages"
+            "max_tokens" if fits(longest, 1) else "prompt" if kind == "completions" else "messages"
         )
         raise APIError(
-            f"the prompt ({len(ids)} tokens) and max_tokens ({max_new}) exceed what a row of this server "
+            f"the prompt ({longest} tokens) and max_tokens ({max_new}) exceed what a row of this server "
             f"holds ({length} tokens, the prompt counted in blocks of 16 and more); shorten the "
             "prompt or lower max_tokens",
             param=param,
@@ -163,7 +188,7 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         )
     return Job(
         kind=kind,
-        ids=ids,
+        prompts=prompts,
         max_new=max_new,
         n=n,
         temperature=temperature,
@@ -173,36 +198,49 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         logprobs=_logprobs(body, kind),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
-        echo=_prompt_text(body, ids, tokenizer) if echo else None,
+        echoes=[_prompt_text(one, ids, tokenizer) for one, ids in zip(_each(body), prompts)]
+        if echo
+        else None,
     )
 
 
-def _prompt(body: dict[str, Any]) -> Any:
-    """The request's ``prompt``, a batch of one prompt unwrapped."""
+#: At most this many prompts in one completions request (each of their choices takes a row).
+MAX_PROMPTS = 64
+
+
+def _each(body: dict[str, Any]) -> list[Any]:
+    """The request's ``prompt``, one entry per prompt: a string or a list of token ids is one prompt, a
+    list of those is several."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return prompt[0]
-    return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return prompt
+    return [prompt]
 
 
-def _prompt_text(body: dict[str, Any], ids: list[int], tokenizer: Any) -> str:
-    """The prompt as ``echo`` gives it back: as sent, or its token ids decoded."""
-    prompt = _prompt(body)
+def _prompts(body: dict[str, Any], tokenizer: Any) -> list[list[int]]:
+    """Each prompt's token ids (:func:`_each`)."""
+    prompts = _each(body)
+    if len(prompts) > MAX_PROMPTS:
+        raise APIError(
+            f"at most {MAX_PROMPTS} prompts per request; send the rest in another", param="prompt"
+        )
+    return [_prompt_ids({"prompt": prompt}, tokenizer) for prompt in prompts]
+
+
+def _prompt_text(prompt: Any, ids: list[int], tokenizer: Any) -> str:
+    """A prompt as ``echo`` gives it back: as sent, or its token ids decoded."""
     return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
 
-def _prompt_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
-    prompt = _prompt(body)
+def _prompt_ids(body: dict[str, Any], tokenizer: Any, special: bool = True) -> list[int]:
+    """The token ids of ``body``'s one ``prompt``: a string, or a list of ids."""
+    prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = tokenizer(prompt)["input_ids"]
+        ids = tokenizer(prompt, add_special_tokens=special)["input_ids"]
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         ids = list(prompt)
         if not all(0 <= t < len(tokenizer) for t in ids):
             raise APIError(f"prompt token ids must lie in [0, {len(tokenizer)})", param="prompt")
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise APIError(
-            "one prompt per request; send several prompts as several requests", param="prompt"
-        )
     else:
         raise APIError("prompt must be a non-empty string or a list of token ids", param="prompt")
     if not ids:
@@ -210,7 +248,62 @@ def _prompt_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
     return ids
 
 
-def _chat_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
+#: The fields of ``/tokenize`` and ``/detokenize`` (vLLM's endpoints, which lm-evaluation-harness's remote
+#: tokenizer calls).
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
+DETOKENIZE_FIELDS = {"model", "tokens"}
+
+
+def tokenize(body: Any, model_name: str, tokenizer: Any) -> list[int]:
+    """A ``/tokenize`` body's token ids: its ``prompt`` (``add_special_tokens``, default true), or its chat
+    ``messages`` through the chat template (``add_generation_prompt``, default true), as the completion
+    endpoints would tokenize them."""
+    body = _tool_body(body, TOKENIZE_FIELDS, model_name)
+    special = _flag(body, "add_special_tokens", True)
+    generation_prompt = _flag(body, "add_generation_prompt", True)
+    if ("prompt" in body) == ("messages" in body):
+        raise APIError("send either prompt or messages", param="prompt")
+    if "prompt" in body:
+        return _prompt_ids(body, tokenizer, special)
+    return _chat_ids(body, tokenizer, generation_prompt)
+
+
+def detokenize(body: Any, model_name: str, tokenizer: Any) -> list[int]:
+    """A ``/detokenize`` body's ``tokens``, checked to lie in the vocabulary."""
+    body = _tool_body(body, DETOKENIZE_FIELDS, model_name)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+        raise APIError("tokens must be a list of token ids", param="tokens")
+    if not all(0 <= t < len(tokenizer) for t in tokens):
+        raise APIError(f"token ids must lie in [0, {len(tokenizer)})", param="tokens")
+    return tokens
+
+
+def _tool_body(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:
+    """A tokenizer endpoint's body: an object of known fields, naming this server's model if any."""
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise APIError(f"unknown field {unknown[0]!r}", param=unknown[0])
+    if body.get("model") not in (None, model_name):
+        raise APIError(
+            f"model {body['model']!r} is not served here; this server serves {model_name!r}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+    return body
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise APIError(f"{name} must be true or false", param=name)
+    return value
+
+
+def _chat_ids(body: dict[str, Any], tokenizer: Any, generation_prompt: bool = True) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("messages must be a non-empty list of {role, content}", param="messages")
@@ -226,7 +319,7 @@ def _chat_ids(body: dict[str, Any], tokenizer: Any) -> list[int]:
             "this model's tokenizer has no chat template; use /v1/completions", param="messages"
         )
     ids = tokenizer.apply_chat_template(
-        plain, add_generation_prompt=True, tokenize=True, return_dict=True
+        plain, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True
     )
     return list(ids["input_ids"])
 
