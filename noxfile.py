@@ -46,11 +46,13 @@ CONSTRAINTS_TORCHXLA = ROOT / "constraints-torchxla.txt"
 DIST = ROOT / "dist"
 
 #: Test sessions: strict plugin loading (a plugin that fails to load fails the run), 8 CPU devices for JAX,
-#: and XLA's backend optimization level 0: the tests' tiny models cost more to optimize than to run, and no
-#: test times anything (docs/PERFORMANCE.md, "CI time", has the measurements).
+#: and XLA:CPU's cheapest compile: backend optimization level 0 and the older elemental emitters instead of
+#: the fusion emitters (both XLAs, JAX's and torch_xla's, take the flag). The tests' tiny models cost more to
+#: compile than to run, and no test times anything (docs/PERFORMANCE.md, "CI time", has the measurements).
 TEST_ENV = {
     "HFAX_STRICT_PLUGINS": "1",
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    " --xla_cpu_use_fusion_emitters=false",
     # One OpenMP thread per test process: the processes already fill the cores (a pytest-xdist worker or a
     # run per core), and PyTorch's idle OpenMP threads spin, taking CPU from the other process.
     "OMP_NUM_THREADS": "1",
@@ -61,13 +63,14 @@ TEST_ENV = {
 #: every package of the JAX stack and tests/; ``torchxla``), each package's isolation proven by its own install
 #: and import (``core``, ``install``), and the representative slice against the oldest transformers the
 #: packages declare and the newest on the index. "suites" keep both cores busy on their own; "checks" wait on
-#: the index and on pip, and there fill the cores' idle time instead of adding their minutes to the suites'
+#: the index and on pip, and there fill the cores' idle time instead of adding their minutes to the suites',
+#: then run the oldest release's slice beside the suites, whose last files leave a core idle
 #: (docs/PERFORMANCE.md, "CI time"); "wheelhouse" downloads the torchxla session's 3.5 GB of pinned wheels,
 #: which ``torchxla`` waits for. `nox -s jax`, `-s llama`, `-s gemma`, `-s longtail` run one package's tests in
 #: a venv of its own (not in the CI set: their tests run in `integration`, and `install` installs each alone).
 CI_LANES = {
-    "suites": ["integration", "transformers_oldest", "torchxla"],
-    "checks": ["lint", "core", "wheels", "install", "transformers_newest"],
+    "suites": ["integration", "torchxla"],
+    "checks": ["lint", "core", "wheels", "install", "transformers_newest", "transformers_oldest"],
     "wheelhouse": ["torchxla_wheels"],
 }
 nox.options.sessions = ["ci"]
