@@ -11,21 +11,11 @@ import transformers
 import hfax
 from hfax.auto import UntestedVersionWarning, check_family_version
 from hfax.plugins import families, plugin_infos, reset_plugins
-from hfax.testing import assert_same_logits, save_tiny
+from hfax.testing import assert_same_logits, save_tiny, tiny_config
 
 FAMILIES = {"llama": "hfax-patches-llama", "gemma": "hfax-patches-gemma"}
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
-CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(**TINY),
-    "gemma": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=16),
-}
+#: Each family's tiny config (hfax.testing's): Llama's, and Gemma 3's text model.
+CONFIGS = {"llama": lambda: tiny_config("llama"), "gemma": lambda: tiny_config("gemma3")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -346,6 +346,67 @@ def test_tokenizer_endpoints_give_the_served_tokenizers_answers(served):
         assert status in (400, 404) and body["error"]["param"] == param, (path, bad, body)
 
 
+def _adjusted_greedy(served, ids, max_new, presence=0.0, frequency=0.0, bias=None):
+    """OpenAI's definition on transformers' logits: each step's logits plus ``bias``, minus
+    ``count * frequency + (count > 0) * presence`` for the tokens generated so far; the argmax, until EOS.
+    Returns the tokens and each one's log-probability under the model's own distribution."""
+    import torch
+
+    tokens, logprobs = [], []
+    counts = torch.zeros(served.reference.config.vocab_size)
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = served.reference(torch.tensor([ids + tokens])).logits[0, -1].float()
+            adjusted = logits - counts * frequency - (counts > 0).float() * presence
+            for token, value in (bias or {}).items():
+                adjusted[int(token)] += value
+            token = int(torch.argmax(adjusted))
+            if token == 2:  # EOS
+                break
+            tokens.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            counts[token] += 1
+    return tokens, logprobs
+
+
+def test_penalties_and_logit_bias_follow_openais_definition(served):
+    """presence_penalty, frequency_penalty and logit_bias adjust the logits each greedy step as OpenAI
+    defines them (computed here on transformers' logits); logprobs stay the model's own (as vLLM's); a
+    request without them decoding beside one with them gets its plain greedy tokens."""
+    prompt = PROMPTS[7]
+    ids = served.ids(prompt)
+    plain = served.greedy(ids, 16)
+    bias = {str(plain[0]): -100.0, "7": 4.0}
+    settings = dict(presence_penalty=0.8, frequency_penalty=1.5, logit_bias=bias)
+    expected, logprobs = _adjusted_greedy(
+        served, ids, 16, 0.8, 1.5, {int(k): v for k, v in bias.items()}
+    )
+    assert expected != plain  # the adjustments change the tokens
+    results = {}
+
+    def ask(name, **options):
+        results[name] = served.complete(prompt, max_tokens=16, logprobs=0, **options).choices[0]
+
+    threads = [threading.Thread(target=ask, args=("adjusted",), kwargs=settings),
+               threading.Thread(target=ask, args=("plain",))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results["adjusted"].text == served.text(expected)
+    np.testing.assert_allclose(results["adjusted"].logprobs.token_logprobs, logprobs, atol=1e-4)
+    assert results["plain"].text == served.text(plain)
+    forced = served.complete(prompt, max_tokens=5, logit_bias={"9": 100}).choices[0]
+    assert forced.text == served.text([9] * 5)
+    chat = served.client.chat.completions.create(
+        model=served.path, messages=[{"role": "user", "content": prompt}], max_tokens=6,
+        temperature=0, frequency_penalty=2.0,
+    )  # fmt: skip
+    messages = [{"role": "user", "content": prompt}]
+    want, _ = _adjusted_greedy(served, served.chat_ids(messages), 6, frequency=2.0)
+    assert chat.choices[0].message.content == served.text(want)
+
+
 def test_stop_strings_end_the_text(served):
     prompt = PROMPTS[0]
     full = served.complete(prompt, max_tokens=12).choices[0].text
@@ -374,15 +435,17 @@ def _error(call) -> tuple[int, dict]:
         ({"n": 0}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": LENGTH}, "max_tokens"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": 1.0}, "frequency_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"logit_bias": {"five": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"128": 1}}, "logit_bias"),
         ({"logprobs": 9}, "logprobs"),
         ({"prompt": "one " * LENGTH}, "prompt"),
         ({"echo": "yes"}, "echo"),
         ({"echo": True, "stream": True}, "echo"),
         ({"echo": True, "max_tokens": -1}, "max_tokens"),
         ({"best_of": 2}, "best_of"),
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
         ({"prompt": ["a"] * 65}, "prompt"),
         ({"prompt": ["a", []]}, "prompt"),
     ],

@@ -8,6 +8,10 @@ counter-hash noise of :mod:`hfax.generation.search`. A request sampled in a batc
 ``generate`` draws alone with the same seed and ``top_k=0``: choice ``i`` of a request is row ``i`` of
 ``generate`` given ``n`` copies of its prompt.
 
+OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (:func:`adjust`) change the
+logits a row's token is chosen from, before the choice; log-probabilities stay the model's own. A step
+where no busy row has them skips the adjustment.
+
 Written in torch ops, like :mod:`hfax.generation.tokens`: the JAX backend traces them through torchax.
 """
 
@@ -25,19 +29,36 @@ from hfax.generation import processors, search
 TOP_LOGPROBS = 5
 
 
+#: At most this many tokens a request's ``logit_bias`` names (OpenAI's limit is 300 as well): each row
+#: holds this many ``(token, bias)`` pairs, unused ones ``(0, 0.0)``.
+MAX_BIASED = 300
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """One request's sampling settings as :func:`choose` takes them (``temperature`` 0 is greedy)."""
+    """One request's sampling settings as :func:`choose` takes them (``temperature`` 0 is greedy), and
+    OpenAI's adjustments of the logits before the choice (:func:`adjust`): ``presence`` and ``frequency``
+    penalties, and ``bias``, ``(token, bias)`` pairs."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
     choice: int = 0
     logprobs: bool = False
+    presence: float = 0.0
+    frequency: float = 0.0
+    bias: tuple[tuple[int, float], ...] = ()
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The settings as the 0-d arrays a row of :func:`choose`'s ``rows`` holds."""
+        """The settings as the arrays a row of :func:`choose`'s ``rows`` holds (0-d, and the bias's
+        ``[MAX_BIASED]`` tokens and values)."""
+        if len(self.bias) > MAX_BIASED:
+            raise ValueError(f"at most {MAX_BIASED} biased tokens, got {len(self.bias)}")
         sample = self.temperature > 0
+        biased = np.zeros((MAX_BIASED,), np.int32)
+        values = np.zeros((MAX_BIASED,), np.float32)
+        for at, (token, value) in enumerate(self.bias):
+            biased[at], values[at] = token, value
         return {
             "sample": np.bool_(sample),
             # Greedy rows divide by 1: their sampled branch is computed (and discarded) without infinities.
@@ -46,28 +67,55 @@ class Sampling:
             "seed": np.int32(self.seed & 0x7FFFFFFF),
             "choice": np.int32(self.choice),
             "logprobs": np.bool_(self.logprobs),
+            "presence": np.float32(self.presence),
+            "frequency": np.float32(self.frequency),
+            "biased": biased,
+            "bias": values,
         }
 
 
-def choose(logits: Any, rows: dict[str, Any], step: Any, work: Work) -> dict[str, Any]:
+def adjusts(rows: dict[str, Any], busy: Any) -> Any:
+    """Whether a ``busy`` row has a penalty or a bias for :func:`adjust` to apply (a 0-d bool tensor)."""
+    penalized = (rows["presence"] != 0) | (rows["frequency"] != 0)
+    return ((penalized | (rows["bias"] != 0).any(-1)) & busy).any()
+
+
+def adjust(logits: Any, rows: dict[str, Any]) -> Any:
+    """OpenAI's adjustments of each row's ``logits`` ``[rows, vocab]`` before its token is chosen: the
+    ``logit_bias`` added, and for each token the row generated ``c`` times so far (``rows["counts"]``,
+    ``[rows, vocab]``), ``c * frequency + (c > 0) * presence`` subtracted. float32."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    logits = logits.scatter_add(1, rows["biased"].to(torch.int64), rows["bias"])
+    counts = rows["counts"].to(torch.float32)
+    presence = (counts > 0).to(torch.float32) * rows["presence"][:, None]
+    return logits - counts * rows["frequency"][:, None] - presence
+
+
+def choose(
+    logits: Any, rows: dict[str, Any], step: Any, work: Work, adjusted: Any = None
+) -> dict[str, Any]:
     """Each row's next token from its ``logits`` ``[rows, vocab]`` at new-token index ``step`` ``[rows]``.
 
     ``rows`` holds :meth:`Sampling.arrays` stacked to ``[rows]``; ``work`` says which parts any row needs
-    (see :func:`work_needed`). Returns ``token`` ``[rows]`` (int32), its ``logprob`` under the model's own
-    distribution, and the ``top_ids``/``top_logprobs`` ``[rows, k]`` of the :data:`TOP_LOGPROBS` likeliest
-    tokens (zeros unless ``work.logprobs``).
+    (see :func:`work_needed`). The token is chosen from ``adjusted`` (:func:`adjust`'s logits) when given.
+    Returns ``token`` ``[rows]`` (int32), its ``logprob`` under the model's own distribution (before any
+    adjustment, as vLLM reports it), and the ``top_ids``/``top_logprobs`` ``[rows, k]`` of the
+    :data:`TOP_LOGPROBS` likeliest tokens under it (zeros unless ``work.logprobs``).
     """
     import torch
 
     logits = logits.to(torch.float32)
-    token = torch.argmax(logits, dim=-1).to(torch.int32)
+    chosen_from = logits if adjusted is None else adjusted.to(torch.float32)
+    token = torch.argmax(chosen_from, dim=-1).to(torch.int32)
     if work.sample:
         steps: tuple[tuple[str, tuple[int, ...]], ...] = (("temperature", ()),)
         settings = [{"value": rows["temperature"][:, None]}]
         if work.top_p:
             steps += (("top_p", (1,)),)
             settings.append({"value": rows["top_p"][:, None]})
-        scores = processors.apply(steps, settings, logits, history=None)
+        scores = processors.apply(steps, settings, chosen_from, history=None)
         noise = search.gumbel(
             rows["seed"][:, None], step[:, None], rows["choice"], logits.shape[-1]
         )

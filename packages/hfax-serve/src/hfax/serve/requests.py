@@ -1,7 +1,7 @@
 """OpenAI request bodies checked and turned into what the scheduler runs, or an OpenAI-style error.
 
 Every field OpenAI defines for ``/v1/completions`` and ``/v1/chat/completions`` is either honoured, or
-refused with a 400 naming it when set to anything but its default (penalties, ``logit_bias``, tools, ...);
+refused with a 400 naming it when set to anything but its default (``best_of``, tools, ...);
 a field OpenAI does not define is refused too, so a typo never passes silently.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 import random
 from typing import Any
 
-from hfax.generation.rows import TOP_LOGPROBS, Sampling
+from hfax.generation.rows import MAX_BIASED, TOP_LOGPROBS, Sampling
 
 
 class APIError(Exception):
@@ -44,9 +44,6 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_
           "seed", "presence_penalty", "frequency_penalty", "logprobs", "user", "logit_bias"}  # fmt: skip
 #: OpenAI's fields that hfax serve refuses unless left at their default (``None``, or the value given).
 UNSUPPORTED = {
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
     "suffix": None,
     "best_of": 1,
     "tools": None,
@@ -67,9 +64,6 @@ UNSUPPORTED = {
 REASONS = {
     "best_of": "hfax serve ranks no candidates on the server; ask for n choices with logprobs and "
     "rank them by their token_logprobs",
-    "logit_bias": "the decode step applies no per-request bias yet; leave it out",
-    "presence_penalty": "the decode step applies no per-request penalty yet; leave it out",
-    "frequency_penalty": "the decode step applies no per-request penalty yet; leave it out",
 }
 FIELDS = {
     "completions": COMMON | {"prompt", "echo", "suffix", "best_of"},
@@ -102,8 +96,11 @@ class Job:
     stream: bool
     include_usage: bool
     echoes: list[str] | None = (
-        None  # completions' ``echo``: each prompt's text, put before its choices'
+        None  # completions' ``echo``: each prompt's text, before its choices'
     )
+    presence: float = 0.0  # OpenAI's presence_penalty
+    frequency: float = 0.0  # OpenAI's frequency_penalty
+    bias: tuple[tuple[int, float], ...] = ()  # OpenAI's logit_bias as (token, bias) pairs
 
     @property
     def choices(self) -> int:
@@ -114,7 +111,14 @@ class Job:
 
     def sampling(self, choice: int) -> Sampling:
         return Sampling(
-            self.temperature, self.top_p, self.seed, choice % self.n, self.logprobs is not None
+            self.temperature,
+            self.top_p,
+            self.seed,
+            choice % self.n,
+            self.logprobs is not None,
+            self.presence,
+            self.frequency,
+            self.bias,
         )
 
 
@@ -201,6 +205,9 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         echoes=[_prompt_text(one, ids, tokenizer) for one, ids in zip(_each(body), prompts)]
         if echo
         else None,
+        presence=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        bias=_bias(body, len(tokenizer)),
     )
 
 
@@ -370,6 +377,27 @@ def _integer(body: dict[str, Any], name: str, default: int, low: int, high: int)
     if not _is_int(value) or not low <= value <= high:
         raise APIError(f"{name} must be an integer from {low} to {high}, got {value!r}", param=name)
     return value
+
+
+def _bias(body: dict[str, Any], vocabulary: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``, OpenAI's ``{"token id": bias from -100 to 100}``, as ``(token, bias)`` pairs."""
+    given = body.get("logit_bias")
+    if given is None:
+        return ()
+    message = (
+        f"logit_bias must map at most {MAX_BIASED} token ids (as strings, below {vocabulary}) "
+        "to numbers from -100 to 100"
+    )
+    if not isinstance(given, dict) or len(given) > MAX_BIASED:
+        raise APIError(message, param="logit_bias")
+    pairs = []
+    for key, value in given.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else -1
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not 0 <= token < vocabulary or not number or not -100 <= value <= 100:
+            raise APIError(f"{message}; got {key!r}: {value!r}", param="logit_bias")
+        pairs.append((token, float(value)))
+    return tuple(pairs)
 
 
 def _stop(body: dict[str, Any]) -> list[str]:

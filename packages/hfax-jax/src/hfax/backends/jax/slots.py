@@ -125,22 +125,29 @@ def _slot_axes(model: Any, static: Static) -> dict[str, int]:
 
 
 def _row_arrays(slots: int) -> dict[str, np.ndarray]:
+    """Every row's settings and counters, ``[slots, ...]``; the token counts are added by
+    :func:`start_program`, which knows the vocabulary."""
     sampling = rows.Sampling().arrays()
     counters = {"last": np.int32(0), "position": np.int32(0), "step": np.int32(0)}
     per_row = {**sampling, **counters, "limit": np.int32(0), "finished": np.bool_(True)}
-    return {name: np.full((slots,), value) for name, value in per_row.items()}
+    return {
+        name: np.ascontiguousarray(np.broadcast_to(value, (slots, *np.shape(value))))
+        for name, value in per_row.items()
+    }
 
 
 def start_program(
     model: Any, params: Any, valid: Any, table: Any, static: Static
 ) -> dict[str, Any]:
     """Every row free, its buffers made by one forward of a filler token through a cache of the full
-    length."""
+    length; each row's count of every token it generated (``counts``, ``[slots, vocab]``, for the
+    penalties of :func:`rows.adjust`) zero."""
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
     layout = slot_layout(model, slots)
     window = Window(ids, ids, valid, jnp.zeros((1,), jnp.int32))
-    _, states = Forward(model, static, layout, params).decoder(window, None)
+    logits, states = Forward(model, static, layout, params).decoder(window, None)
+    table = {**table, "counts": jnp.zeros((slots, logits.shape[-1]), jnp.int32)}
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
 
@@ -157,15 +164,26 @@ def _output(slots: int, chunk: int) -> dict[str, Any]:
 
 
 def _choose(logits: Any, settings: dict[str, Any], step: Any, busy: Any) -> dict[str, Any]:
-    """:func:`rows.choose` doing only the work the ``busy`` rows need (one branch per :data:`rows.WORKS`)."""
+    """:func:`rows.choose` doing only the work the ``busy`` rows need (one branch per :data:`rows.WORKS`),
+    from logits :func:`rows.adjust` adjusted only when a busy row has a penalty or a bias."""
     needed = _on_torch(rows.work_needed, settings, busy)
+    adjusted = jax.lax.cond(
+        _on_torch(rows.adjusts, settings, busy),
+        lambda: _on_torch(rows.adjust, logits, settings),
+        lambda: logits.astype(jnp.float32),
+    )
     branches = [
-        lambda logits, settings, step, work=work: _on_torch(
-            lambda *args: rows.choose(*args, work), logits, settings, step
+        lambda logits, adjusted, settings, step, work=work: _on_torch(
+            lambda *args: rows.choose(*args[:3], work, args[3]), logits, settings, step, adjusted
         )
         for work in rows.WORKS
     ]
-    return jax.lax.switch(needed, branches, logits, settings, step)
+    return jax.lax.switch(needed, branches, logits, adjusted, settings, step)
+
+
+def _counted(counts: Any, token: Any, live: Any) -> Any:
+    """``counts`` ``[rows, vocab]`` with each ``live`` row's ``token`` counted once more."""
+    return counts.at[jnp.arange(counts.shape[0]), token].add(live.astype(counts.dtype))
 
 
 def _is_eos(token: Any, eos: Any) -> Any:
@@ -208,11 +226,14 @@ def admit_program(
     row_valid = jax.lax.dynamic_update_slice(jnp.zeros((1, length), bool), mask, (0, first))
     valid = jax.lax.dynamic_update_slice(state["valid"], row_valid, (row, 0))
     one = {name: value[None] for name, value in settings.items()}
+    vocab = state["rows"]["counts"].shape[1]
+    one["counts"] = jnp.zeros((1, vocab), jnp.int32)  # nothing generated before the first token
     first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
     chosen = jax.tree.map(lambda x: x[0], first)
     token = chosen["token"]
     per_row = {
         **settings,
+        "counts": _counted(one["counts"], token[None], jnp.ones((1,), bool))[0],
         "last": token,
         "position": jnp.sum(mask, dtype=jnp.int32),
         "step": jnp.int32(1),
@@ -296,6 +317,7 @@ def _decode(
         done = live & (_is_eos(token, eos) | (step >= table["limit"]))
         table = {
             **table,
+            "counts": _counted(table["counts"], token, live),
             "last": token,
             "position": table["position"] + live,
             "step": step,
