@@ -29,8 +29,8 @@ from hfax.generation import processors, search
 TOP_LOGPROBS = 5
 
 
-#: At most this many tokens a request's ``logit_bias`` names (OpenAI's limit is 300 as well): each row
-#: holds this many ``(token, bias)`` pairs, unused ones ``(0, 0.0)``.
+#: At most this many tokens a request's ``logit_bias`` names: each row holds this many ``(token, bias)``
+#: pairs, unused ones ``(0, 0.0)`` (a bias of 0 on token 0 changes nothing).
 MAX_BIASED = 300
 
 
