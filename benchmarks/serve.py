@@ -98,7 +98,10 @@ class Server:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"hfax serve exited {self.process.returncode}; see {log}")
+                # The log's folder goes with the run: its last lines go into the error.
+                self.log.flush()
+                tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
+                raise RuntimeError(f"hfax serve exited {self.process.returncode}:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5):
                     return
