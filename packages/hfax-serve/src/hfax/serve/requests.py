@@ -95,9 +95,8 @@ class Job:
     logprobs: int | None  # how many top alternatives per token, or None for no logprobs
     stream: bool
     include_usage: bool
-    echoes: list[str] | None = (
-        None  # completions' ``echo``: each prompt's text, before its choices'
-    )
+    echoes: list[str] | None = None  # completions' ``echo``: each prompt's text
+
     presence: float = 0.0  # OpenAI's presence_penalty
     frequency: float = 0.0  # OpenAI's frequency_penalty
     bias: tuple[tuple[int, float], ...] = ()  # OpenAI's logit_bias as (token, bias) pairs
@@ -148,7 +147,8 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
             param="model",
             code="model_not_found",
         )
-    prompts = _prompts(body, tokenizer) if kind == "completions" else [_chat_ids(body, tokenizer)]
+    sent = _each(body) if kind == "completions" else []
+    prompts = _prompts(sent, tokenizer) if kind == "completions" else [_chat_ids(body, tokenizer)]
     longest = max(len(ids) for ids in prompts)
     echo = body.get("echo", False) if kind == "completions" else False
     if not isinstance(echo, bool):
@@ -202,7 +202,7 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         logprobs=_logprobs(body, kind),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
-        echoes=[_prompt_text(one, ids, tokenizer) for one, ids in zip(_each(body), prompts)]
+        echoes=[_prompt_text(one, ids, tokenizer) for one, ids in zip(sent, prompts)]
         if echo
         else None,
         presence=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -224,9 +224,8 @@ def _each(body: dict[str, Any]) -> list[Any]:
     return [prompt]
 
 
-def _prompts(body: dict[str, Any], tokenizer: Any) -> list[list[int]]:
-    """Each prompt's token ids (:func:`_each`)."""
-    prompts = _each(body)
+def _prompts(prompts: list[Any], tokenizer: Any) -> list[list[int]]:
+    """Each prompt's token ids (``prompts`` as :func:`_each` gives them)."""
     if len(prompts) > MAX_PROMPTS:
         raise APIError(
             f"at most {MAX_PROMPTS} prompts per request; send the rest in another", param="prompt"
