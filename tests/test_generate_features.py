@@ -589,11 +589,6 @@ def word_tokenizer(directory):
             "group_beam_search",
         ),
         (
-            dict(output_attentions=True, return_dict_in_generate=True),
-            NotImplementedError,
-            "output_attentions",
-        ),
-        (
             dict(encoder_repetition_penalty=1.5),
             NotImplementedError,
             "EncoderRepetitionPenaltyLogitsProcessor",
@@ -661,3 +656,204 @@ def test_special_ids_outside_the_vocabulary(tiny):
         as_numpy(model.generate(ids, **options)),
         transformers_generate(reference, ids, **options).numpy(),
     )
+
+
+@pytest.fixture(scope="module")
+def eager(backend, tmp_path_factory):
+    """Llama with transformers' ``"eager"`` attention, the one that returns attention weights, in hfax
+    and in transformers."""
+    directory = tmp_path_factory.mktemp("eager")
+    save_tiny(CONFIGS["llama"](), directory, spread=True)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager"
+    ).eval()
+    model = hfax.AutoModelForCausalLM.from_pretrained(
+        str(directory), backend=backend, attn_implementation="eager"
+    )
+    return reference, model
+
+
+def assert_layer_outputs_equal(got, want, mask):
+    """Per step, per layer, transformers' shapes and its values within 1e-4; the prompt's padding
+    positions (``mask`` 0) are left out as queries: what a position that attends nothing holds is
+    arbitrary (transformers' softmax over only masked scores is uniform, hfax's is not)."""
+    real = torch.as_tensor(mask).bool()
+    for name in ("hidden_states", "attentions"):
+        mine, theirs = getattr(got, name), getattr(want, name)
+        assert len(mine) == len(theirs), name
+        for step, (steps_mine, steps_theirs) in enumerate(zip(mine, theirs)):
+            assert len(steps_mine) == len(steps_theirs), (name, step)
+            for a, b in zip(steps_mine, steps_theirs):
+                assert tuple(a.shape) == tuple(b.shape), (name, step, a.shape, b.shape)
+                a = torch.as_tensor(as_numpy(a))
+                rows = a.shape[0]
+                # Query positions: the prompt's (padding left out), then the new tokens, all real.
+                queries = a.shape[-2] if name == "attentions" else a.shape[1]
+                keep = torch.ones((rows, queries), dtype=torch.bool)
+                width = real.shape[1]
+                if queries >= width:
+                    keep[:, :width] = real.repeat_interleave(rows // real.shape[0], 0)
+                if name == "attentions":
+                    a, b = a.transpose(1, 2)[keep], b.transpose(1, 2)[keep]
+                else:
+                    a, b = a[keep], b[keep]
+                np.testing.assert_allclose(
+                    a.numpy(), b.numpy(), atol=1e-4, err_msg=f"{name} {step}"
+                )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(use_cache=False), dict(num_beams=2, num_return_sequences=2)],
+    ids=["cached", "use_cache_false", "beams"],
+)
+def test_hidden_states_and_attentions_are_transformers(eager, backend, options):
+    """``output_hidden_states`` / ``output_attentions`` with ``return_dict_in_generate``: transformers'
+    per-step, per-layer tuples, its shapes (the prompt at step 0, then one position a step over the keys
+    so far; every position so far with ``use_cache=False``) and its values within 1e-4."""
+    reference, model = eager
+    ids, mask = left_padded(PROMPTS[:2])
+    options = dict(
+        max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
+        output_hidden_states=True, output_attentions=True, **options,
+    )  # fmt: skip
+    want = transformers_generate(reference, ids, mask, **options)
+    try:
+        got = model.generate(ids, attention_mask=mask, **options)
+    except NotImplementedError as error:  # a backend without "layer_outputs" refuses them by name
+        assert backend != "jax" and "output_hidden_states" in str(error), error
+        return
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    assert_layer_outputs_equal(got, want, mask)
+
+
+def test_sampled_hidden_states_are_the_forwards_over_the_sampled_tokens(tiny, backend):
+    """A sampled call's hidden states are those of transformers' forward over the tokens it drew (position
+    ``prompt + s - 1`` is step ``s``'s); asked alone, nothing else is recorded. A model whose attention
+    returns no weights (the default ``"sdpa"``, hfax's own attention in its place) gives an empty tuple
+    per step and a warning, as transformers does."""
+    reference, model = tiny("gemma3")
+    ids, mask = left_padded(PROMPTS[1:])
+    options = dict(max_new_tokens=6, do_sample=True, top_k=20, seed=3, return_dict_in_generate=True)
+    try:
+        with pytest.warns(UserWarning, match='attn_implementation="eager"'):
+            got = model.generate(
+                ids,
+                attention_mask=mask,
+                output_hidden_states=True,
+                output_attentions=True,
+                **options,
+            )
+    except NotImplementedError as error:
+        assert backend != "jax" and "output_hidden_states" in str(error), error
+        return
+    sequences = torch.as_tensor(as_numpy(got.sequences))
+    width, steps = ids.shape[1], sequences.shape[1] - ids.shape[1]
+    full_mask = torch.cat([torch.as_tensor(mask), torch.ones((2, steps), dtype=torch.int64)], 1)
+    with torch.no_grad():
+        forward = reference(
+            sequences[:, :-1], attention_mask=full_mask[:, :-1], output_hidden_states=True
+        )
+    assert len(got.hidden_states) == steps
+    for layer, mine in enumerate(got.hidden_states[0]):
+        theirs = forward.hidden_states[layer][:, :width]
+        real = torch.as_tensor(mask).bool()
+        np.testing.assert_allclose(as_numpy(mine)[real.numpy()], theirs[real].numpy(), atol=1e-4)
+    for step in range(1, steps):
+        for layer, mine in enumerate(got.hidden_states[step]):
+            theirs = forward.hidden_states[layer][:, width + step - 1 : width + step]
+            np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4)
+    want = transformers_generate(
+        reference, ids, mask, max_new_tokens=2, return_dict_in_generate=True, output_attentions=True
+    )
+    assert set(want.attentions) == set(got.attentions) == {()}
+    assert len(got.attentions) == steps
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_a_prompt_given_as_embeddings_generates_as_in_transformers(tiny, backend, beams):
+    """``inputs_embeds`` instead of (or with) ``input_ids``, as transformers' own generation tests pass
+    them: with the ids, the result starts with them; alone, it holds the new tokens only. Embeddings that
+    are not the ids' (random ones) give transformers' tokens and scores for them, so hfax reads them."""
+    reference, model = tiny("gemma3")
+    ids, mask = left_padded(PROMPTS[:2])
+    with torch.no_grad():
+        embeds = reference.get_input_embeddings()(torch.as_tensor(ids))
+    options = dict(max_new_tokens=5, min_new_tokens=5, num_beams=beams, do_sample=False)
+    options.update(return_dict_in_generate=True, output_scores=True)
+    from_ids = model.generate(ids, attention_mask=mask, **options)
+    both = model.generate(ids, attention_mask=mask, inputs_embeds=embeds, **options)
+    np.testing.assert_array_equal(as_numpy(both.sequences), as_numpy(from_ids.sequences))
+    alone = model.generate(inputs_embeds=embeds, attention_mask=mask, **options)
+    np.testing.assert_array_equal(
+        as_numpy(alone.sequences), as_numpy(from_ids.sequences)[:, ids.shape[1] :]
+    )
+    torch.manual_seed(0)
+    random = torch.rand_like(embeds) * 4 - 2
+    for given in (dict(input_ids=torch.as_tensor(ids)), {}):
+        with torch.no_grad():
+            want = reference.generate(
+                attention_mask=torch.as_tensor(mask), inputs_embeds=random, **given, **options
+            )
+        got = model.generate(attention_mask=mask, inputs_embeds=random, **given, **options)
+        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+        for mine, theirs in zip(got.scores, want.scores, strict=True):
+            finite = torch.isfinite(theirs).numpy()
+            np.testing.assert_allclose(as_numpy(mine)[finite], theirs.numpy()[finite], atol=1e-4)
+
+
+def test_embeddings_of_the_wrong_shape_are_refused(tiny):
+    reference, model = tiny("llama")
+    ids = np.array([PROMPTS[0]])
+    with pytest.raises(
+        ValueError, match=r"inputs_embeds must be floats of shape \[batch, length, "
+    ):
+        model.generate(inputs_embeds=np.zeros((1, 6, 5), np.float32), max_new_tokens=3)
+    with pytest.raises(ValueError, match="input_ids has shape"):
+        model.generate(ids, inputs_embeds=np.zeros((1, 4, 64), np.float32), max_new_tokens=3)
+    seq2seq_reference, seq2seq = tiny("bart")
+    with pytest.raises(NotImplementedError, match="encoder-decoder"):
+        seq2seq.generate(inputs_embeds=np.zeros((1, 4, 32), np.float32), max_new_tokens=3)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, max_new_tokens=4)),
+        transformers_generate(reference, ids, max_new_tokens=4).numpy(),
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(num_beams=2), dict(use_cache=False)],
+    ids=["greedy", "beams", "use_cache_false"],
+)
+def test_the_cache_a_call_returns_holds_transformers_keys_and_values(tiny, options):
+    """``return_dict_in_generate``'s ``past_key_values``: transformers' ``DynamicCache`` after the call
+    (the prompt and every new token but the last), its keys and values within 1e-4 at the real tokens
+    (the prompt's padding positions hold what attends nothing); none with ``use_cache=False``.
+
+    Beam search's cache holds the running beams. At ``max_length`` every continuation ends, so their
+    scores all become -1e9 in float32 and which continuations run on is how ``topk`` breaks ties
+    (torch's and XLA's differ; two rows may extend the same beam): there only the prompt's positions,
+    the same in every beam of a prompt, are compared."""
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    options = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, **options)
+    want = transformers_generate(reference, ids, mask, **options)
+    got = model.generate(ids, attention_mask=mask, **options)
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    if want.past_key_values is None:
+        assert got.past_key_values is None
+        return
+    assert type(got.past_key_values) is type(want.past_key_values)
+    assert got.past_key_values.get_seq_length() == want.past_key_values.get_seq_length()
+    beams = options.get("num_beams", 1)
+    for mine, theirs in zip(got.past_key_values.layers, want.past_key_values.layers, strict=True):
+        rows = theirs.keys.shape[0]
+        real = torch.ones((rows, theirs.keys.shape[2]), dtype=torch.bool)
+        real[:, : mask.shape[1]] = torch.as_tensor(mask).bool().repeat_interleave(beams, 0)
+        real[:, mask.shape[1] :] = beams == 1
+        for name in ("keys", "values"):
+            a, b = getattr(mine, name), getattr(theirs, name)
+            assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape)
+            np.testing.assert_allclose(
+                a.transpose(1, 2)[real].numpy(), b.transpose(1, 2)[real].numpy(), atol=1e-4
+            )

@@ -1,4 +1,5 @@
-"""The ``hfax_jax`` attention function against transformers' eager attention run by PyTorch on CPU."""
+"""The ``hfax_jax`` attention function against transformers' sdpa attention, whose place it takes, and its
+eager attention, run by PyTorch on CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from hfax.backends.jax import attention
@@ -59,19 +61,25 @@ def eager(
     return output.numpy()
 
 
+def sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> np.ndarray:
+    output, _ = sdpa_attention_forward(MODULE, query, key, value, mask, scaling=DIM**-0.5)
+    return output.numpy()
+
+
 @pytest.mark.parametrize("kind", ["additive", "boolean"])
-def test_masks_with_grouped_heads_match_eager(kind):
-    mask = allowed(padding=2)
-    expected = eager(*inputs(), mask)
-    got = hfax_jax(*inputs(), additive(mask) if kind == "additive" else mask)
-    np.testing.assert_allclose(got, expected, atol=1e-5)
-
-
-def test_a_query_that_sees_no_key_stays_finite():
-    """Left padding leaves padding queries with no key to see; torchax's sdpa lowering gives NaN there."""
+def test_masks_with_grouped_heads_match_sdpa_and_eager(kind):
+    """Left padding leaves padding queries with no key to see: there torch's sdpa gives zeros (and so
+    does hfax_jax; torchax's own sdpa lowering gives NaN), eager the mean of every value; elsewhere all
+    agree."""
     mask = allowed(padding=3)
     assert not mask[0, 0, 0].any()
-    assert np.isfinite(hfax_jax(*inputs(), mask)).all()
+    got = hfax_jax(*inputs(), additive(mask) if kind == "additive" else mask)
+    np.testing.assert_allclose(got, sdpa(*inputs(), mask), atol=1e-5)
+    assert (got[0, 0] == 0).all()
+    sees = mask.any(-1)[:, 0]  # [batch, queries]
+    np.testing.assert_allclose(got[sees.numpy()], eager(*inputs(), mask)[sees.numpy()], atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 3])

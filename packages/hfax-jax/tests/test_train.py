@@ -107,6 +107,24 @@ def test_loss_and_gradients_equal_torch_autograd(tiny, name):
         assert_relative(grad, names[path[1]].grad.numpy(), 1e-5, f"gradient of {path[1]}")
 
 
+def test_a_left_padded_batch_has_transformers_loss_and_gradients(tiny):
+    """A left-padded row's first real token is predicted from the last padding position, which may see
+    no key: its logits are what transformers' sdpa computes there (attention zeros), so the loss and
+    gradients are PyTorch's, not only those of right-padded batches."""
+    directory, _, _ = tiny("llama")
+    inputs = batch()
+    inputs["attention_mask"] = inputs["attention_mask"][:, ::-1].copy()
+    inputs["labels"] = np.where(inputs["attention_mask"] == 1, inputs["input_ids"], -100)
+    torch_model = reference(directory)
+    expected = torch_model(**{name: torch.as_tensor(value) for name, value in inputs.items()}).loss
+    expected.backward()
+    value, grads = nnx.value_and_grad(lambda module: module.loss(**inputs))(load(directory))
+    np.testing.assert_allclose(float(value), expected.item(), rtol=1e-6)
+    names = dict(torch_model.named_parameters())
+    for path, grad in flat(grads).items():
+        assert_relative(grad, names[path[1]].grad.numpy(), 1e-5, f"gradient of {path[1]}")
+
+
 def test_split_merge_and_jax_jit_over_state(tiny):
     directory, _, _ = tiny("llama")
     module = load(directory)

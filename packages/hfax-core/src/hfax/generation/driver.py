@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hfax.generation import inputs as model_inputs
-from hfax.generation import outputs, settings, tokens
+from hfax.generation import layer_outputs, outputs, settings, tokens
 from hfax.generation.shapes import (
     MIN_LENGTH_BUCKET,
     STREAM_CHUNK,
@@ -101,6 +101,11 @@ class Engine(Protocol):
     def counters(self) -> tuple[int, float]:
         """Programs compiled and seconds spent tracing and compiling so far in this process."""
 
+    def cache(self, run: Any, rows: int, start: int, end: int) -> Any:
+        """The run's cache as transformers returns it from ``generate`` (a ``DynamicCache`` on the CPU):
+        slots ``[start, end)`` of the first ``rows`` rows; ``None`` where the model's cache holds other
+        states. Asked only of an engine with the ``"cache_output"`` feature."""
+
 
 def pad_request(model: Any, request: settings.Request, engine: Engine) -> PaddedRequest:
     """Pad ``request`` into its bucket and split its settings into static structure and traced arrays."""
@@ -132,6 +137,8 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         logits=bool(config.return_dict_in_generate and config.output_logits),
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
+        hidden_states=bool(config.return_dict_in_generate and config.output_hidden_states),
+        attentions=bool(config.return_dict_in_generate and config.output_attentions),
     )
     return PaddedRequest(
         ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
@@ -158,8 +165,9 @@ def _padded_source(request: settings.Request, multiple: int, rows: int) -> dict[
 
 
 def _left_padded(value: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """An input laid out like the prompt's ids, padded as they are (zeros in padding and filler rows)."""
-    padded = np.zeros(shape, value.dtype)
+    """An input laid out like the prompt's ids (one value or vector per token), padded as they are (zeros
+    in padding and filler rows)."""
+    padded = np.zeros(shape + value.shape[2:], value.dtype)
     padded[: value.shape[0], shape[1] - value.shape[1] :] = value
     return padded
 
@@ -185,14 +193,21 @@ def generate(
             raise NotImplementedError(
                 "a streamer cannot follow beam search (transformers refuses it too)"
             )
-        _put(streamer, request.ids)
-    steps, result = 0, None
+        _put(streamer, request.head)
+    steps, result, run = 0, None, None
     if request.max_new > 0:
         padded = pad_request(model, request, engine)
-        result, steps = _run(engine, padded, request, streamer)
+        run, result, steps = _run(engine, padded, request, streamer)
     if streamer is not None:
         streamer.end()
     sequences, extras = _assemble(request, padded if request.max_new > 0 else None, result, steps)
+    config = request.config
+    if run is not None and config.return_dict_in_generate and config.use_cache:
+        # transformers' cache after the call: the prompt and every new token but the last (never fed).
+        if "cache_output" in engine.features:
+            prompt = padded.decoding.prompt
+            start = prompt - request.ids.shape[1]
+            extras["past_key_values"] = engine.cache(run, request.rows, start, prompt + steps - 1)
     after_compiles, after_seconds = engine.counters()
     model.last_generate_stats = GenerateStats(
         new_tokens=steps * request.batch,
@@ -200,7 +215,6 @@ def generate(
         compile_seconds=after_seconds - compile_seconds,
         compiles=after_compiles - compiles,
     )
-    config = request.config
     if request.finish is not None and not config.return_dict_in_generate:
         sequences = request.finish(sequences)
     return outputs.assemble(
@@ -216,8 +230,9 @@ def generate(
 
 def _run(
     engine: Engine, padded: PaddedRequest, request: settings.Request, streamer: Any
-) -> tuple[Any, int]:
-    """Run the engine in chunks; returns the last host state and the new tokens the result keeps."""
+) -> tuple[Any, Any, int]:
+    """Run the engine in chunks; returns the run, its last host state and the new tokens the result
+    keeps."""
     checks = bool(request.criteria) or request.deadline is not None
     chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
     run = engine.start(padded)
@@ -259,7 +274,7 @@ def _run(
     if request.num_beams == 1:
         step = int(min(step, done.max()))
     state["ends"] = ends
-    return state, step
+    return run, state, step
 
 
 def _padded_rows(rows: np.ndarray, total: int) -> np.ndarray:
@@ -334,7 +349,7 @@ def _assemble(
     request: settings.Request, padded: PaddedRequest | None, state: Any, steps: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The sequences ``[rows, width + steps]`` with transformers' padding, and the extras of its output."""
-    head = request.ids.astype(np.int64)
+    head = request.head.astype(np.int64)
     if padded is None:
         return head, {}
     config = request.config
@@ -350,6 +365,19 @@ def _assemble(
         for name in ("scores", "logits"):
             if name in state:
                 extras[name] = [state[name][:rows, t] for t in range(steps)]
+        asked = {name for name in layer_outputs.ASKED_BY if getattr(padded.decoding, name)}
+        if asked:
+            extras.update(
+                layer_outputs.assemble(
+                    state,
+                    asked,
+                    rows,
+                    request.ids.shape[1],
+                    prompt,
+                    steps,
+                    bool(config.use_cache),
+                )
+            )
     return np.concatenate([head, new[:, :steps].astype(np.int64)], axis=1), extras
 
 

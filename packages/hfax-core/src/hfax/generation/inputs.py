@@ -25,7 +25,6 @@ CACHE_REFUSED = "hfax's generate keeps its own cache on device"
 
 #: Forward inputs ``generate`` does not take, with why (the cache besides, by its type).
 REFUSED_INPUTS = {
-    "inputs_embeds": "hfax's generate starts from token ids; pass input_ids",
     "cache_position": "hfax's generate places tokens in its own cache",
     "position_ids": "hfax's generate computes positions from the attention mask",
     "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
@@ -51,6 +50,11 @@ def _check_unpadded_decoder_mask(mask: np.ndarray, decoder_ids: Any) -> None:
         )
 
 
+#: Generation settings transformers also hands back as model keyword arguments (its
+#: ``_prepare_generation_config`` keeps them for ``forward``): read from the config, not inputs.
+PASSED_ON_SETTINGS = frozenset({"output_attentions", "output_hidden_states"})
+
+
 def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model inputs among what transformers left over from the generation settings, as numpy arrays;
     anything else is an error naming it."""
@@ -62,7 +66,7 @@ def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
         cache_parameter(module.forward) or "past_key_values": CACHE_REFUSED,
     }
     found = {}
-    for name in sorted(leftovers):
+    for name in sorted(set(leftovers) - PASSED_ON_SETTINGS):
         value = leftovers[name]
         if name not in accepted:
             raise TypeError(
@@ -114,9 +118,13 @@ def expand(inputs: dict[str, np.ndarray], batch: int, size: int) -> dict[str, np
 
 
 def row_aligned(inputs: dict[str, np.ndarray], shape: tuple[int, ...]) -> set[str]:
-    """The inputs laid out like the prompt's ids (``token_type_ids``, ``mm_token_type_ids``): one value per
-    token, padded and bucketed with them."""
-    return {name for name, value in inputs.items() if value.shape == tuple(shape)}
+    """The inputs laid out like the prompt's ids (``token_type_ids``, ``mm_token_type_ids``: one value per
+    token; ``inputs_embeds``: one vector per token), padded and bucketed with them."""
+    return {
+        name
+        for name, value in inputs.items()
+        if value.shape == tuple(shape) or (name == "inputs_embeds" and value.shape[:2] == shape)
+    }
 
 
 def rope_index(module: Any) -> Callable[..., Any] | None:

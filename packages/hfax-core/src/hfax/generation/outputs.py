@@ -24,7 +24,8 @@ def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
     if kind == "torch":
         import torch
 
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
         device = getattr(like, "device", None)
         return tensor.to(device) if device is not None and device.type != "cpu" else tensor
     if kind == "jax":
@@ -45,7 +46,7 @@ def assemble(
 ) -> Any:
     """The result as transformers returns it: the sequences alone, or its ``Generate*Output`` with
     ``extras`` (``scores``, ``logits``: per-step ``[rows, vocab]`` arrays; ``sequences_scores``,
-    ``beam_indices``) converted to ``kind``."""
+    ``beam_indices``; ``hidden_states``, ``attentions``: per step, per layer) converted to ``kind``."""
     ids = convert(sequences.astype(np.int64), kind, like)
     if not return_dict:
         return ids
@@ -59,4 +60,12 @@ def assemble(
     for key in ("sequences_scores", "beam_indices"):
         if key in extras:
             fields[key] = convert(extras[key], kind, like)
+    if extras.get("past_key_values") is not None:  # a transformers Cache, whatever the array kind
+        fields["past_key_values"] = extras["past_key_values"]
+    # Per step, per layer (hfax.generation.layer_outputs).
+    for key in ("hidden_states", "attentions"):
+        if key in extras:
+            fields[key] = tuple(
+                tuple(convert(layer, kind, like) for layer in step) for step in extras[key]
+            )
     return getattr(utils, name)(**fields)

@@ -31,8 +31,6 @@ REFUSED_ARGUMENTS = {
 }
 #: Generation-config fields that change what comes out but build no processor, with why they are refused.
 REFUSED_FIELDS = {
-    "output_attentions": "hfax does not collect attention weights",
-    "output_hidden_states": "hfax does not collect hidden states",
     "token_healing": "token healing is not implemented",
     "low_memory": "transformers itself no longer supports it",
 }
@@ -44,6 +42,9 @@ CRITERIA = {
     "StopStringCriteria": "stop_strings",
     "MaxTimeCriteria": "max_time",
 }
+#: What an engine records for ``return_dict_in_generate`` beyond scores and logits, by the field that asks
+#: (:mod:`hfax.generation.layer_outputs`), and the backend feature it needs.
+LAYER_OUTPUTS = {"output_hidden_states": "layer_outputs", "output_attentions": "layer_outputs"}
 #: transformers' generation modes hfax runs, and the backend feature each needs.
 MODES = {"greedy_search": None, "sample": None, "beam_search": "beams", "beam_sample": "beams"}
 
@@ -56,7 +57,10 @@ class Request:
     beams or the returned sequences), ``source`` the encoder's inputs by ``forward`` name for an
     encoder-decoder (``input_ids`` and ``attention_mask``, or ``input_features``), ``inputs`` a decoder-only
     model's other inputs (images, their sizes, token types: :mod:`hfax.generation.inputs`), run in prefill.
-    ``width`` is the length transformers counts as the input (``cur_len`` before the first new token).
+    ``width`` is the length transformers counts as the input (``cur_len`` before the first new token):
+    the prompt's, or 0 for a prompt given as ``inputs_embeds`` alone, whose ``ids`` are then placeholders
+    (its embeddings reach the model in prefill, among ``inputs``; the result and the processors see only
+    the new tokens, as in transformers).
     ``steps`` are the logits processors (:mod:`hfax.generation.processors`), the caller's own
     ``logits_processor`` among them; ``criteria`` the stopping criteria checked on the host between chunks
     (transformers' ``StopStringCriteria`` and the caller's own ``stopping_criteria``), empty if none;
@@ -91,6 +95,11 @@ class Request:
     @property
     def rows(self) -> int:
         return self.ids.shape[0]
+
+    @property
+    def head(self) -> np.ndarray:
+        """The ids the result starts with: the prompt's (none for ``inputs_embeds`` alone)."""
+        return self.ids[:, self.ids.shape[1] - self.width :]
 
 
 def _family_options(
@@ -140,6 +149,13 @@ def _check_fields(config: Any, features: frozenset[str]) -> str:
         raise NotImplementedError(
             f"this backend's generate does not implement {mode} (it supports {sorted(features)})"
         )
+    if config.return_dict_in_generate:
+        for name, feature in LAYER_OUTPUTS.items():
+            if getattr(config, name, False) and feature not in features:
+                raise NotImplementedError(
+                    f"this backend's generate does not record {name} (it supports {sorted(features)}); "
+                    "run the model's forward on the sequences generate returns to get them"
+                )
     return mode
 
 
@@ -310,9 +326,25 @@ def prepare(
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     if encoder_decoder and "encoder_decoder" not in features:
         raise NotImplementedError("this backend's generate does not run encoder-decoder models")
+    records = config.return_dict_in_generate and any(
+        getattr(config, n, False) for n in LAYER_OUTPUTS
+    )
+    if encoder_decoder and records:
+        raise NotImplementedError(
+            "hfax's generate records output_hidden_states / output_attentions for decoder-only models; "
+            "for an encoder-decoder, run the model's forward on the sequences generate returns"
+        )
     reads_ids = getattr(module, "main_input_name", "input_ids") == "input_ids"
+    embeds = extra.get("inputs_embeds")
+    if embeds is not None:
+        embeds = _check_embeddings(module, embeds, input_ids, encoder_decoder)
     if input_ids is None and attention_mask is None and not extra and reads_ids:
         input_ids = _start_from_bos(config)
+    embedded = embeds is not None and input_ids is None  # the prompt as embeddings alone
+    if embedded:  # placeholder ids (never read) and, without a mask, every embedding is a token
+        input_ids = np.zeros(embeds.shape[:2], np.int64)
+        if attention_mask is None:
+            attention_mask = np.ones(embeds.shape[:2], np.int64)
     main = _main_input(module, input_ids, extra, encoder_decoder)
     ids = main if input_ids is None else as_ids("input_ids", input_ids)
     if input_ids is not None:
@@ -343,7 +375,7 @@ def prepare(
                 f"decoder_input_ids has {ids.shape[0]} rows but the encoder's input {batch}"
             )
         mask = np.ones_like(ids, dtype=bool)
-    width = ids.shape[1]
+    width = 0 if embedded else ids.shape[1]
     if traits.result is not None:
         result = traits.result
         finish = lambda sequences: result(sequences, width, eos, filler)  # noqa: E731
@@ -353,12 +385,13 @@ def prepare(
         generation_config=config,
         has_default_max_length=has_default["max_length"],
         has_default_min_length=has_default["min_length"],
-        model_input_name="input_ids",
+        model_input_name="inputs_embeds" if embeds is not None else "input_ids",
         input_ids_length=width,
-        inputs_tensor=encoder_ids,
+        inputs_tensor=torch.from_numpy(embeds) if embeds is not None else encoder_ids,
     )
     module._validate_generated_length(config, width, has_default["max_length"])
-    _check_positions(model, width, config.max_length, source)
+    prompt = ids.shape[1]
+    _check_positions(model, prompt, prompt + int(config.max_length) - width, source)
 
     expand = max(config.num_beams, config.num_return_sequences)
     model_kwargs = (
@@ -448,6 +481,34 @@ def _host_criteria(built: Any, own: list[Any]) -> tuple[Any, ...]:
             )
     stop = [criterion for criterion in built if type(criterion).__name__ == "StopStringCriteria"]
     return (*stop, *own)
+
+
+def _check_embeddings(
+    module: Any, embeds: np.ndarray, input_ids: Any, encoder_decoder: bool
+) -> np.ndarray:
+    """A decoder's prompt as ``inputs_embeds`` ``[batch, length, hidden]``: the model's hidden size and,
+    with ``input_ids`` (the prompt the result starts with), their shape."""
+    if encoder_decoder:
+        raise NotImplementedError(
+            f"hfax's generate takes inputs_embeds for decoder-only models; {type(module).__name__} is an "
+            "encoder-decoder: pass input_ids (its encoder embeds them itself)"
+        )
+    hidden = getattr(module.get_input_embeddings(), "embedding_dim", embeds.shape[-1])
+    if (
+        embeds.ndim != 3
+        or embeds.shape[2] != hidden
+        or not np.issubdtype(embeds.dtype, np.floating)
+    ):
+        raise ValueError(
+            f"inputs_embeds must be floats of shape [batch, length, {hidden}] (the model's input "
+            f"embeddings, model.get_input_embeddings()(input_ids)), got {embeds.dtype} {embeds.shape}"
+        )
+    if input_ids is not None and tuple(np.shape(input_ids)) != embeds.shape[:2]:
+        raise ValueError(
+            f"input_ids has shape {tuple(np.shape(input_ids))} but inputs_embeds {embeds.shape}: with both, "
+            "the embeddings are those of the ids' positions"
+        )
+    return embeds
 
 
 def _start_from_bos(config: Any) -> np.ndarray:

@@ -26,7 +26,9 @@ class Decoding:
     """The static structure of a request's decode loop (hashable: part of the compiled program's key).
 
     ``steps`` are the processors' ``(kind, shape)``; ``prompt`` and ``capacity`` the widths of the
-    prompt's bucket and of the new tokens' buffer.
+    prompt's bucket and of the new tokens' buffer. ``hidden_states`` / ``attentions`` ask the engine to
+    record the model's per-layer outputs (:mod:`hfax.generation.layer_outputs`); a program without them
+    is the one it was before they existed.
     """
 
     steps: tuple[tuple[str, tuple[int, ...]], ...]
@@ -38,6 +40,8 @@ class Decoding:
     logits: bool = False
     early_stopping: bool | str = False
     beams_to_keep: int = 0
+    hidden_states: bool = False
+    attentions: bool = False
 
 
 def host_arrays(request: Any) -> dict[str, Any]:

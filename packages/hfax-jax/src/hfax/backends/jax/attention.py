@@ -6,7 +6,11 @@ to ``-inf``. A query that may see no key (every
 padding position of a left-padded batch) then gets a softmax of ``-inf`` only: NaN, which flows through
 the padding keys of the next layer into every real token of that row. PyTorch gives finite values there.
 Here masks are additive and finite (transformers' ``eager_mask``, or hfax's own in ``generate``), logits
-and softmax are float32, and grouped key/value heads are attended without repeating them. Keys and values
+and softmax are float32, and grouped key/value heads are attended without repeating them. A query that
+may see no key gets zeros, which is what PyTorch's ``scaled_dot_product_attention`` gives it (an additive
+mask alone would average every value there): a left-padded batch's padding positions then hold what
+transformers' sdpa computes, and a loss that reads their logits (the first real token's label is
+predicted from the last padding position) is transformers'. Keys and values
 fresh from hfax's slot cache are read around the cache write (:func:`around_write_attention`), which lets the
 decode loop update the cache in place.
 
@@ -40,9 +44,16 @@ def _attend(
         return jax.nn.dot_product_attention(q, k, v, **options)
     if mask.dtype == jnp.bool_:
         mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
-    return jax.nn.dot_product_attention(
+    output = jax.nn.dot_product_attention(
         q, k, v, bias=mask.astype(jnp.float32), scale=options["scale"]
     )
+    return jnp.where(jnp.swapaxes(_sees_a_key(mask), 1, 2), output, 0)
+
+
+def _sees_a_key(mask: jax.Array) -> jax.Array:
+    """``[B, 1 or N, T, 1]``: whether each query of an additive ``mask`` may see any key (torch's sdpa
+    gives zeros to one that may not)."""
+    return jnp.any(mask > jnp.finfo(jnp.float32).min / 2, axis=-1, keepdims=True)
 
 
 def attention_forward(
@@ -153,6 +164,7 @@ def attend(
     q = query.reshape(batch, kv_heads, groups * length_q, dim)
     if mask.dtype == jnp.bool_:
         mask = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+    sees = jnp.broadcast_to(_sees_a_key(mask), (batch, heads, length_q, 1))
     mask = jnp.broadcast_to(mask, (batch, heads, length_q, mask.shape[-1])).reshape(
         batch, kv_heads, groups * length_q, -1
     )
@@ -181,4 +193,5 @@ def attend(
             values.before,
             preferred_element_type=jnp.float32,
         )
-    return output.astype(query.dtype).reshape(batch, heads, length_q, dim)
+    output = output.astype(query.dtype).reshape(batch, heads, length_q, dim)
+    return jnp.where(sees, output, 0)

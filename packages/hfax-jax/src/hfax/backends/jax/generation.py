@@ -31,7 +31,7 @@ from hfax.backends.jax import cache as slot_cache
 from hfax.backends.jax import constants as held
 from hfax.backends.jax import decode_layout, lowerings, mesh, monitor, pytrees
 from hfax.backends.jax.runtime import env, to_array, to_tensor
-from hfax.generation import driver, tokens
+from hfax.generation import driver, layer_outputs, tokens
 from hfax.generation.inputs import encode
 from hfax.generation.shapes import accepts, cache_argument
 from hfax.generation.traits import Appended, generation_traits
@@ -84,7 +84,8 @@ class Forward:
     """The model's forward as one program runs it: ``params`` held as ``layout`` says
     (:mod:`~hfax.backends.jax.decode_layout`; its transposed weights go to the model as the ``[out, in]`` it
     expects). :meth:`decoder` serves decoder-only models, :meth:`encoder_decoder` the others; both return
-    the logits of one position in float32 and the cache's states after the forward."""
+    the logits of one position in float32 and the cache's states after the forward; :meth:`decoder` also
+    the per-layer outputs the decoding records (:mod:`hfax.generation.layer_outputs`), ``{}`` if none."""
 
     model: Any
     static: Static
@@ -100,7 +101,7 @@ class Forward:
         masked: bool = True,
         at: Any = None,
         every: bool = False,
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, dict[str, Any]]:
         """A decoder-only forward over ``window`` into the cache holding ``states`` (``None``: a cache of
         the window's length, new). A prefill passes ``inputs`` (the model's other inputs, images included)
         and ``static.constants`` go with them; a recurrent model decoding needs no mask (not ``masked``). A
@@ -132,14 +133,19 @@ class Forward:
                     dtype=slot_cache.buffer_dtype(self.model.dtype, self.model.platform),
                 )
             kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
+            if tinputs is not None and "inputs_embeds" in tinputs:  # the prompt as embeddings
+                del kwargs["input_ids"]
+            asked = [n for n in layer_outputs.ASKED_BY if getattr(static.decoding, n)]
+            kwargs.update({layer_outputs.ASKED_BY[name]: True for name in asked})
             # Multimodal positions among the inputs replace the plain ones.
             output = self._call(tparams, kwargs, cache, twindow.positions, tinputs, every=every)
             logits = output.logits if at is not None or every else output.logits[:, -1, :]
             new_states = cache.states(after=output.logits) if cache is not None else []
-            logits, new_states = to_array((logits, new_states))
+            recorded = {name: layer_outputs.stacked(getattr(output, name)) for name in asked}
+            logits, new_states, recorded = to_array((logits, new_states, recorded))
         if at is not None:
             logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
-        return logits.astype(jnp.float32), self._constrained(new_states)
+        return logits.astype(jnp.float32), self._constrained(new_states), recorded
 
     def encoder_decoder(
         self, window: Window, states: Any, source: dict[str, Any]
@@ -322,8 +328,10 @@ def prefill(
         )
     if static.encoder_decoder:
         logits, states, hidden = forward.encoder_decoder(window, None, source)
+        recorded = {}
     else:
-        (logits, states), hidden = forward.decoder(window, None, inputs=inputs), None
+        logits, states, recorded = forward.decoder(window, None, inputs=inputs)
+        hidden = None
     decoding = static.decoding
     chosen = _on_torch(
         lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
@@ -336,6 +344,10 @@ def prefill(
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     state = {"tokens": chosen, "states": states, "valid": valid}
+    if not static.encoder_decoder and recorded:
+        state["outputs"] = _whole(
+            model, _on_torch(lambda r: layer_outputs.start(r, capacity), recorded)
+        )
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden}
         if "attention_mask" in source:
@@ -377,7 +389,14 @@ def decode(
                     window, state["states"], state["source"]
                 )
             else:
-                logits, states = forward.decoder(window, state["states"], masked=static.attends)
+                logits, states, recorded = forward.decoder(
+                    window, state["states"], masked=static.attends
+                )
+                if "outputs" in state:  # the per-layer outputs asked for, as this step made them
+                    state = {
+                        **state,
+                        "outputs": _on_torch(layer_outputs.write, state["outputs"], recorded, step),
+                    }
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
             ids, last = chosen["ids"], slot
@@ -388,7 +407,7 @@ def decode(
             valid = state["valid"] & (jnp.arange(length) <= last)[None]
             positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 1)
             window = Window(ids, positions, valid, jnp.arange(length))
-            logits, states = forward.decoder(window, None, at=last)
+            logits, states, _ = forward.decoder(window, None, at=last)
         chosen, reorder = _on_torch(
             lambda c, lg, a: tokens.advance(c, lg, decoding, a), chosen, logits, arrays
         )
@@ -408,7 +427,8 @@ def decode(
     else:
         state = jax.lax.while_loop(unfinished, advance, state)
     # Whole on every device, so every process of a multi-host mesh can read them.
-    return {**state, "tokens": _whole(model, state["tokens"])}
+    whole = {name: _whole(model, state[name]) for name in ("tokens", "outputs") if name in state}
+    return {**state, **whole}
 
 
 def prefill_program(
@@ -453,7 +473,7 @@ class Run:
 class JaxEngine:
     """:class:`hfax.generation.driver.Engine` for a :class:`~hfax.backends.jax.model.JaxModel`."""
 
-    features = frozenset({"beams", "encoder_decoder"})
+    features = frozenset({"beams", "encoder_decoder", "layer_outputs", "cache_output"})
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -462,6 +482,7 @@ class JaxEngine:
     def start(self, padded: driver.PaddedRequest) -> Run:
         model = self.model
         static = _static(model, padded)
+        _check_recordable(static)
         ids, prompt_mask, source, arrays = self.inputs(padded)
         program = model.program("prefill", prefill_program)
         inputs = self.model_inputs(padded, static)
@@ -488,6 +509,8 @@ class JaxEngine:
         traced = _device_dtypes(
             {name: value for name, value in padded.inputs.items() if name not in constant}
         )
+        if "inputs_embeds" in traced:  # the host holds float32 (numpy has no bfloat16)
+            traced["inputs_embeds"] = jnp.asarray(traced["inputs_embeds"], self.model.dtype)
         rows = {name for name, value in traced.items() if value.shape == padded.ids.shape}
         mesh_ = self.model.mesh
         placed = mesh.shard_batch({name: traced[name] for name in rows}, mesh_)
@@ -505,9 +528,10 @@ class JaxEngine:
         return run
 
     def read(self, run: Run) -> dict[str, np.ndarray]:
-        chosen = run.state["tokens"]
+        """The token state, and the per-layer outputs recorded so far when the call asked for them."""
+        chosen = {**run.state["tokens"], **run.state.get("outputs", {})}
         _wait(chosen)
-        return {name: np.asarray(value) for name, value in chosen.items()}
+        return {name: np.asarray(value) for name, value in chosen.items() if value is not None}
 
     def stop_rows(self, run: Run, rows: np.ndarray) -> Run:
         chosen = run.state["tokens"]
@@ -515,9 +539,47 @@ class JaxEngine:
         run.state = {**run.state, "tokens": {**chosen, "finished": finished}}
         return run
 
+    def cache(self, run: Run, rows: int, start: int, end: int) -> Any:
+        """The attention layers' keys and values in slots ``[start, end)`` as a transformers
+        ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep), on the
+        CPU in the weights' dtype; ``None`` for an encoder-decoder or a layer with other states."""
+        from transformers.cache_utils import DynamicCache
+
+        static, states = run.static, run.state["states"]
+        if static.encoder_decoder or any(set(layer) != {"keys", "values"} for layer in states):
+            return None
+        in_place = _layout(
+            self.model, static, run.state["valid"].shape[0], static.decoding.capacity
+        ).in_place_cache
+        dtype = getattr(torch, jnp.dtype(self.model.dtype).name)
+
+        def host(value: Any) -> torch.Tensor:
+            value = np.array(value[:rows, :, start:end].astype(jnp.float32))  # writable
+            return torch.from_numpy(value).to(dtype)
+
+        cache = DynamicCache(config=self.model.config)
+        for index, layer in enumerate(states):
+            keys = jnp.swapaxes(layer["keys"], 2, 3) if in_place else layer["keys"]
+            cache.update(host(keys), host(layer["values"]), index)
+        return cache
+
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()
         return snapshot.compiles, snapshot.compile_seconds + snapshot.trace_seconds
+
+
+def _check_recordable(static: Static) -> None:
+    """Refuse, before compiling, per-layer outputs of a model whose decode step is not one token fed
+    through a cache (no cache: every step reads the whole sequence; or a token appended after it)."""
+    decoding = static.decoding
+    if not (decoding.hidden_states or decoding.attentions):
+        return
+    if not static.cache_argument or static.appended is not None:
+        raise NotImplementedError(
+            "hfax's generate records output_hidden_states / output_attentions for models that decode one "
+            "token at a time through a cache; this one reads the whole sequence at every step. Run the "
+            "model's forward on the sequences generate returns to get them"
+        )
 
 
 def _wait(tree: Any) -> None:

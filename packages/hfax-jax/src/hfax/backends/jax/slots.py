@@ -146,7 +146,7 @@ def start_program(
     ids = jnp.zeros((slots, 1), jnp.int32)
     layout = slot_layout(model, slots)
     window = Window(ids, ids, valid, jnp.zeros((1,), jnp.int32))
-    logits, states = Forward(model, static, layout, params).decoder(window, None)
+    logits, states, _ = Forward(model, static, layout, params).decoder(window, None)
     table = {**table, "counts": jnp.zeros((slots, logits.shape[-1]), jnp.int32)}
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
@@ -206,7 +206,7 @@ def admit_program(
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     forward = Forward(model, static.step, static.layout, params)
-    logits, small = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None)
+    logits, small, _ = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None)
     clock = state["clock"]
     first = clock - prompt
     axes = _slot_axes(model, static.step)
@@ -253,7 +253,9 @@ def score_program(
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     forward = Forward(model, static.step, static.layout, params)
-    logits, _ = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None, every=True)
+    logits, _, _ = forward.decoder(
+        Window(ids, positions, mask, jnp.arange(prompt)), None, every=True
+    )
     log_probs = jax.nn.log_softmax(logits[0, :-1], axis=-1)
     chosen = jnp.take_along_axis(log_probs, ids[0, 1:, None].astype(jnp.int32), axis=-1)[:, 0]
     top_logprobs, top_ids = jax.lax.top_k(log_probs, rows.TOP_LOGPROBS)
@@ -299,7 +301,7 @@ def _decode(
         ids, positions = table["last"][:, None], table["position"][:, None]
         forward = Forward(model, static.step, static.layout, params)
         window = Window(ids, positions, valid, clock[None], clock)
-        logits, states = forward.decoder(window, state["states"], masked=static.step.attends)
+        logits, states, _ = forward.decoder(window, state["states"], masked=static.step.attends)
         live = ~table["finished"]
         chosen = _choose(logits, table, table["step"], live)
         token = jnp.where(live, chosen["token"], table["last"])

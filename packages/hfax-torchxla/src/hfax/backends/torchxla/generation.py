@@ -187,6 +187,9 @@ def _logits(
     if static.logits_to_keep and at is None:
         kwargs["logits_to_keep"] = 1
     kwargs.update(inputs)  # multimodal positions replace the plain ones
+    if "inputs_embeds" in inputs:  # the prompt as embeddings, in the weights' dtype
+        del kwargs["input_ids"]
+        kwargs["inputs_embeds"] = inputs["inputs_embeds"].to(module.dtype)
     logits = module(**kwargs).logits
     return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :]
 
@@ -462,7 +465,7 @@ class TorchXlaEngine:
     cross-attention cache prefill filled.
     """
 
-    features = frozenset({"beams", "encoder_decoder"})
+    features = frozenset({"beams", "encoder_decoder", "cache_output"})
     row_multiple = 1
 
     def __init__(self, model: Any) -> None:
@@ -609,6 +612,28 @@ class TorchXlaEngine:
         torch_xla.sync()
         return run
 
+    def cache(self, run: Run, rows: int, start: int, end: int) -> Any:
+        """The attention layers' keys and values in slots ``[start, end)`` of the prompt's bucket as a
+        transformers ``DynamicCache`` for the model's config, on the CPU; ``None`` for an encoder-decoder
+        or a layer with other states."""
+        from transformers.cache_utils import DynamicCache
+
+        layers = run.cache.layers
+        plain = all(
+            isinstance(layer, StaticLayer)
+            and layer.is_initialized
+            and not getattr(layer, "is_indexer_initialized", False)
+            for layer in layers
+        )
+        if run.source is not None or not plain:
+            return None
+        window = slice(run.grow + start, run.grow + end)
+        cache = DynamicCache(config=self.model.config)
+        for index, layer in enumerate(layers):
+            keys, values = (t[:rows, :, window].cpu() for t in (layer.keys, layer.values))
+            cache.update(keys, values, index)
+        return cache
+
     def counters(self) -> tuple[int, float]:
         counters = runtime.counters()
         return counters.compiles, counters.compile_seconds + _trace_seconds[0]
@@ -621,6 +646,8 @@ def _grown_inputs(padded: driver.PaddedRequest, grow: int) -> dict[str, np.ndarr
     for name, value in padded.inputs.items():
         aligned = value.shape == padded.ids.shape or name == "position_ids"
         widths = [(0, 0)] * (value.ndim - 1) + [(grow, 0)]
+        if name == "inputs_embeds":  # one vector per token: the tokens' axis is the second
+            aligned, widths = True, [(0, 0), (grow, 0), (0, 0)]
         grown[name] = np.pad(value, widths) if aligned and grow else value
     return grown
 
