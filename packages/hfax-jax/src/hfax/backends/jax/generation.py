@@ -553,14 +553,15 @@ class JaxEngine:
         ).in_place_cache
         dtype = getattr(torch, jnp.dtype(self.model.dtype).name)
 
-        def host(value: Any) -> torch.Tensor:
-            value = np.array(value[:rows, :, start:end].astype(jnp.float32))  # writable
-            return torch.from_numpy(value).to(dtype)
+        def host(value: Any, transposed: bool = False) -> torch.Tensor:
+            # The whole buffer to the host, cut there: eager cuts on the device compile one per shape.
+            value = np.asarray(value)
+            value = np.swapaxes(value, 2, 3) if transposed else value
+            return torch.from_numpy(value[:rows, :, start:end].astype(np.float32)).to(dtype)
 
         cache = DynamicCache(config=self.model.config)
         for index, layer in enumerate(states):
-            keys = jnp.swapaxes(layer["keys"], 2, 3) if in_place else layer["keys"]
-            cache.update(host(keys), host(layer["values"]), index)
+            cache.update(host(layer["keys"], in_place), host(layer["values"]), index)
         return cache
 
     def counters(self) -> tuple[int, float]:

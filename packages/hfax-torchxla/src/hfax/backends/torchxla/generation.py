@@ -630,7 +630,8 @@ class TorchXlaEngine:
         window = slice(run.grow + start, run.grow + end)
         cache = DynamicCache(config=self.model.config)
         for index, layer in enumerate(layers):
-            keys, values = (t[:rows, :, window].cpu() for t in (layer.keys, layer.values))
+            # Whole buffers to the host, cut there: a cut on the device would be a program per shape.
+            keys, values = (t.cpu()[:rows, :, window] for t in (layer.keys, layer.values))
             cache.update(keys, values, index)
         return cache
 
