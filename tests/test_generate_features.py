@@ -673,12 +673,12 @@ def eager(backend, tmp_path_factory):
     return reference, model
 
 
-def assert_layer_outputs_equal(got, want, mask):
+def assert_layer_outputs_equal(got, want, mask, names=("hidden_states", "attentions")):
     """Per step, per layer, transformers' shapes and its values within 1e-4; the prompt's padding
     positions (``mask`` 0) are left out as queries: what a position that attends nothing holds is
     arbitrary (transformers' softmax over only masked scores is uniform, hfax's is not)."""
     real = torch.as_tensor(mask).bool()
-    for name in ("hidden_states", "attentions"):
+    for name in names:
         mine, theirs = getattr(got, name), getattr(want, name)
         assert len(mine) == len(theirs), name
         for step, (steps_mine, steps_theirs) in enumerate(zip(mine, theirs)):
@@ -688,12 +688,12 @@ def assert_layer_outputs_equal(got, want, mask):
                 a = torch.as_tensor(as_numpy(a))
                 rows = a.shape[0]
                 # Query positions: the prompt's (padding left out), then the new tokens, all real.
-                queries = a.shape[-2] if name == "attentions" else a.shape[1]
+                queries = a.shape[-2] if name.endswith("attentions") else a.shape[1]
                 keep = torch.ones((rows, queries), dtype=torch.bool)
                 width = real.shape[1]
                 if queries >= width:
                     keep[:, :width] = real.repeat_interleave(rows // real.shape[0], 0)
-                if name == "attentions":
+                if name.endswith("attentions"):
                     a, b = a.transpose(1, 2)[keep], b.transpose(1, 2)[keep]
                 else:
                     a, b = a[keep], b[keep]
@@ -852,3 +852,45 @@ def test_the_cache_a_call_returns_holds_transformers_keys_and_values(tiny, optio
             np.testing.assert_allclose(
                 a.transpose(1, 2)[real].numpy(), b.transpose(1, 2)[real].numpy(), atol=1e-4
             )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(use_cache=False), dict(num_beams=2, num_return_sequences=2)],
+    ids=["cached", "use_cache_false", "beams"],
+)
+def test_an_encoder_decoders_layer_outputs_are_transformers(backend, tmp_path_factory, options):
+    """An encoder-decoder's ``encoder_hidden_states`` / ``encoder_attentions`` (one row per prompt, over
+    the caller's source), ``decoder_hidden_states`` / ``decoder_attentions`` and ``cross_attentions`` per
+    step: transformers' shapes and values within 1e-4."""
+    directory = tmp_path_factory.mktemp("bart-eager")
+    save_tiny(bart_config(), directory, "AutoModelForSeq2SeqLM", spread=True)
+    reference = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        directory, attn_implementation="eager"
+    ).eval()
+    model = hfax.AutoModelForSeq2SeqLM.from_pretrained(
+        str(directory), backend=backend, attn_implementation="eager"
+    )
+    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
+    ids, mask = (
+        ids[:, ::-1].copy(),
+        mask[:, ::-1].copy(),
+    )  # an encoder's input is padded on the right
+    options = dict(
+        max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
+        output_hidden_states=True, output_attentions=True, **options,
+    )  # fmt: skip
+    want = transformers_generate(reference, ids, mask, **options)
+    if backend != "jax":  # a backend without "layer_outputs" refuses them by name
+        with pytest.raises(NotImplementedError, match="output_hidden_states"):
+            model.generate(ids, attention_mask=mask, **options)
+        return
+    got = model.generate(ids, attention_mask=mask, **options)
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    for name in ("encoder_hidden_states", "encoder_attentions"):
+        assert len(getattr(got, name)) == len(getattr(want, name))
+        for mine, theirs in zip(getattr(got, name), getattr(want, name)):
+            assert tuple(mine.shape) == tuple(theirs.shape), (name, mine.shape, theirs.shape)
+            np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4, err_msg=name)
+    decoder = ("decoder_hidden_states", "decoder_attentions", "cross_attentions")
+    assert_layer_outputs_equal(got, want, np.ones((2, 1), np.int64), decoder)

@@ -365,17 +365,23 @@ def _assemble(
         for name in ("scores", "logits"):
             if name in state:
                 extras[name] = [state[name][:rows, t] for t in range(steps)]
-        asked = {name for name in layer_outputs.ASKED_BY if getattr(padded.decoding, name)}
-        if asked:
+        encoder_decoder = request.source is not None
+        fields = layer_outputs.asked(padded.decoding, encoder_decoder)
+        if fields:
+            source = None
+            if encoder_decoder:  # the caller's source length (none for unpadded features)
+                text = request.source.get("input_ids")
+                source = (0 if text is None else text.shape[1], request.expand)
             extras.update(
                 layer_outputs.assemble(
                     state,
-                    asked,
+                    fields,
                     rows,
                     request.ids.shape[1],
                     prompt,
                     steps,
                     bool(config.use_cache),
+                    source,
                 )
             )
     return np.concatenate([head, new[:, :steps].astype(np.int64)], axis=1), extras

@@ -4,19 +4,25 @@ with ``return_dict_in_generate``, as transformers' ``Generate*Output`` holds the
 transformers keeps, per generated token, what the model's forward returned for it: step 0 is the prompt
 (``hidden_states[0][layer]`` is ``[rows, prompt, hidden]``, ``attentions[0][layer]``
 ``[rows, heads, prompt, prompt]``), each later step the one token fed back (``[rows, 1, hidden]`` and
-``[rows, heads, 1, keys]``, ``keys`` the prompt and the tokens so far). A compiled loop has static shapes,
-so an engine keeps them in buffers laid out by this module, all in float32:
+``[rows, heads, 1, keys]``, ``keys`` the prompt and the tokens so far). An encoder-decoder's result names
+them ``decoder_hidden_states`` / ``decoder_attentions`` (its prompt is the decoder's), adds
+``cross_attentions`` per step (``[rows, heads, queries, source]``) and, once, the encoder's
+``encoder_hidden_states`` / ``encoder_attentions`` for each prompt (not repeated for beams, as
+transformers runs the encoder before it repeats the rows). A compiled loop has static shapes, so an engine
+keeps them in buffers laid out by this module, all in float32, named as the result's fields:
 
-* ``prompt_hidden_states`` ``[layers + 1, rows, bucket, hidden]`` and ``prompt_attentions``
-  ``[layers, rows, heads, bucket, bucket]``: the prefill's, over the prompt's whole bucket;
-* ``hidden_states`` ``[capacity, layers + 1, rows, hidden]`` and ``attentions``
-  ``[capacity, layers, rows, heads, bucket + capacity]``: decode step ``s`` (new token ``s`` fed back to
-  choose token ``s + 1``) at index ``s - 1``, its attention over every slot of the cache.
+* ``prompt_<name>``: the prefill's, over the prompt's whole bucket (hidden states
+  ``[layers + 1, rows, bucket, hidden]``, attentions ``[layers, rows, heads, bucket, keys]``; the
+  encoder's over the source's bucket);
+* ``<name>`` for the per-step ones: ``[capacity, layers + 1, rows, hidden]`` or
+  ``[capacity, layers, rows, heads, keys]``, decode step ``s`` (new token ``s`` fed back to choose token
+  ``s + 1``) at index ``s - 1``; a self-attention's keys are every slot of the cache (bucket + capacity),
+  a cross-attention's the source's bucket.
 
 The engine writes them with :func:`start` and :func:`write` (torch ops, traced inside its loop, like
 :mod:`hfax.generation.tokens`); :func:`assemble` cuts them on the host into transformers' tuples: the
-caller's prompt without hfax's bucket padding, each step's keys as many as transformers' cache holds then.
-Beam search records the running rows as they ran, as transformers does (nothing is reordered).
+caller's prompt and source without hfax's bucket padding, each step's keys as many as transformers' cache
+holds then. Beam search records the running rows as they ran, as transformers does (nothing is reordered).
 
 With ``use_cache=False`` transformers runs the whole sequence at every step, so step ``s`` holds every
 position so far (``[rows, prompt + s, hidden]``, attentions ``[rows, heads, prompt + s, prompt + s]``).
@@ -36,8 +42,37 @@ from typing import Any
 
 import numpy as np
 
-#: The buffers' names, by the ``GenerationConfig`` field that asks for them.
+#: The ``GenerationConfig`` field that asks for each kind of output (``tokens.Decoding``'s flags).
 ASKED_BY = {"hidden_states": "output_hidden_states", "attentions": "output_attentions"}
+#: What each result field is: a decoder's hidden states (``"hidden"``), its attentions over its own
+#: keys (``"self"``) or the source's (``"cross"``), or the encoder's, recorded once (``"encoder"``).
+KINDS = {
+    "hidden_states": "hidden",
+    "attentions": "self",
+    "decoder_hidden_states": "hidden",
+    "decoder_attentions": "self",
+    "cross_attentions": "cross",
+    "encoder_hidden_states": "encoder",
+    "encoder_attentions": "encoder",
+}
+#: The result fields each flag asks for, decoder-only and encoder-decoder.
+FIELDS = {
+    False: {"hidden_states": ("hidden_states",), "attentions": ("attentions",)},
+    True: {
+        "hidden_states": ("encoder_hidden_states", "decoder_hidden_states"),
+        "attentions": ("encoder_attentions", "decoder_attentions", "cross_attentions"),
+    },
+}
+
+
+def asked(decoding: Any, encoder_decoder: bool) -> list[str]:
+    """The result fields a decoding (``tokens.Decoding``) records."""
+    return [
+        field
+        for flag, fields in FIELDS[encoder_decoder].items()
+        if getattr(decoding, flag)
+        for field in fields
+    ]
 
 
 def stacked(layers: Any) -> Any:
@@ -51,8 +86,8 @@ def stacked(layers: Any) -> Any:
 
 
 def start(prompt: dict[str, Any], capacity: int) -> dict[str, Any]:
-    """The buffers after prefill, from its ``prompt`` outputs (:func:`stacked`; ``None`` for attentions
-    the model does not return): the prompt's kept, the decode steps' zeroed."""
+    """The buffers after prefill, from its ``prompt`` outputs (:func:`stacked`, by result field; ``None``
+    for attentions the model does not return): the prompt's kept, the decode steps' zeroed."""
     import torch
 
     buffers = {}
@@ -60,11 +95,14 @@ def start(prompt: dict[str, Any], capacity: int) -> dict[str, Any]:
         if value is None:
             continue
         buffers[f"prompt_{name}"] = value
-        layers, rows = value.shape[0], value.shape[1]
-        if name == "hidden_states":  # [layers + 1, rows, bucket, hidden]
-            shape = (capacity, layers, rows, value.shape[3])
-        else:  # attentions [layers, rows, heads, bucket, bucket]: keys over the bucket and the capacity
-            shape = (capacity, layers, rows, value.shape[2], value.shape[4] + capacity)
+        kind, layers, rows = KINDS[name], value.shape[0], value.shape[1]
+        if kind == "encoder":
+            continue
+        if kind == "hidden":  # [layers + 1, rows, bucket, hidden]
+            shape: tuple[int, ...] = (capacity, layers, rows, value.shape[3])
+        else:  # [layers, rows, heads, bucket, keys]: a self-attention's keys grow by the capacity
+            keys = value.shape[4] + (capacity if kind == "self" else 0)
+            shape = (capacity, layers, rows, value.shape[2], keys)
         buffers[name] = torch.zeros(shape, dtype=torch.float32, device=value.device)
     return buffers
 
@@ -78,7 +116,7 @@ def write(buffers: dict[str, Any], outputs: dict[str, Any], step: Any) -> dict[s
     for name, value in outputs.items():
         if name not in buffers:
             continue
-        one = value[:, :, 0] if name == "hidden_states" else value[:, :, :, 0]
+        one = value[:, :, 0] if KINDS[name] == "hidden" else value[:, :, :, 0]
         index = (step - 1).to(torch.int64).reshape(1)
         written[name] = buffers[name].index_copy(0, index, one[None])
     return written
@@ -86,21 +124,25 @@ def write(buffers: dict[str, Any], outputs: dict[str, Any], step: Any) -> dict[s
 
 def assemble(
     state: dict[str, np.ndarray],
-    asked: set[str],
+    fields: list[str],
     rows: int,
     width: int,
     bucket: int,
     steps: int,
     use_cache: bool,
-) -> dict[str, tuple[tuple[Any, ...], ...]]:
-    """transformers' ``hidden_states`` / ``attentions`` (those ``asked``) for ``steps`` new tokens of the
-    first ``rows`` rows, from the buffers in ``state`` (host arrays); the caller's prompt is the last
-    ``width`` of the ``bucket`` columns. Attentions the model does not return give an empty tuple per
-    step, with transformers' warning."""
-    result: dict[str, tuple[tuple[Any, ...], ...]] = {}
+    source: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """transformers' ``fields`` for ``steps`` new tokens of the first ``rows`` rows, from the buffers in
+    ``state`` (host arrays); the caller's prompt is the last ``width`` of the ``bucket`` columns.
+    ``source`` is an encoder-decoder's ``(length, expand)``: the caller's source length (``0``: the
+    encoder's whole output, unpadded) and the rows per prompt (the encoder's outputs keep one). Attentions
+    the model does not return give an empty tuple per step, with transformers' warning."""
+    result: dict[str, Any] = {}
     first = bucket - width
-    for name in sorted(asked):
-        prompt = state.get(f"prompt_{name}")
+    length, expand = source or (0, 1)
+    cut = slice(None, length or None)
+    for name in fields:
+        prompt, kind = state.get(f"prompt_{name}"), KINDS[name]
         if prompt is None:
             warnings.warn(
                 "this model's attention function returns no attention weights (transformers' sdpa does "
@@ -108,22 +150,35 @@ def assemble(
                 'attn_implementation="eager" to get output_attentions',
                 stacklevel=4,
             )
-            result[name] = tuple(() for _ in range(steps))
+            result[name] = () if kind == "encoder" else tuple(() for _ in range(steps))
+            continue
+        if kind == "encoder":  # one tuple of layers, one row per prompt
+            rows_of_prompts = prompt[:, :rows:expand]
+            if prompt.ndim == 4:  # hidden states [layers + 1, rows, source, hidden]
+                result[name] = tuple(rows_of_prompts[:, :, cut])
+            else:  # attentions [layers, rows, heads, source, source]
+                result[name] = tuple(rows_of_prompts[:, :, :, cut, cut])
             continue
         decoded = state[name]
-        if name == "hidden_states":
+        if kind == "hidden":
             per_step = [prompt[:, :rows, first:]] + [
                 decoded[s - 1][:, :rows, None] for s in range(1, steps)
             ]
             if not use_cache:  # every position so far, at every step
-                per_step = [np.concatenate(per_step[: s + 1], axis=2) for s in range(len(per_step))]
-        else:
+                per_step = [np.concatenate(per_step[: s + 1], axis=2) for s in range(steps)]
+        elif kind == "self":
             per_step = [prompt[:, :rows, :, first:, first:]] + [
                 decoded[s - 1][:, :rows, :, None, first : bucket + s] for s in range(1, steps)
             ]
             if not use_cache:
-                per_step = [_square(per_step[: s + 1]) for s in range(len(per_step))]
-        result[name] = tuple(tuple(layer for layer in step) for step in per_step)
+                per_step = [_square(per_step[: s + 1]) for s in range(steps)]
+        else:  # cross-attention: the source's keys at every step
+            per_step = [prompt[:, :rows, :, first:, cut]] + [
+                decoded[s - 1][:, :rows, :, None, cut] for s in range(1, steps)
+            ]
+            if not use_cache:
+                per_step = [np.concatenate(per_step[: s + 1], axis=3) for s in range(steps)]
+        result[name] = tuple(tuple(step) for step in per_step)
     return result
 
 

@@ -18,14 +18,16 @@ def array_kind(value: Any) -> str:
 
 
 def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
-    """``array`` as ``kind`` (a torch tensor on ``like``'s device when ``like`` is one)."""
+    """``array`` as ``kind`` (a torch tensor on ``like``'s device when ``like`` is one), writable: the
+    engine's host state is read-only and the result the caller's."""
     if array is None:
         return None
+    array = np.ascontiguousarray(array)
+    array = array if array.flags.writeable else array.copy()
     if kind == "torch":
         import torch
 
-        array = np.ascontiguousarray(array)
-        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+        tensor = torch.from_numpy(array)
         device = getattr(like, "device", None)
         return tensor.to(device) if device is not None and device.type != "cpu" else tensor
     if kind == "jax":
@@ -62,8 +64,13 @@ def assemble(
             fields[key] = convert(extras[key], kind, like)
     if extras.get("past_key_values") is not None:  # a transformers Cache, whatever the array kind
         fields["past_key_values"] = extras["past_key_values"]
-    # Per step, per layer (hfax.generation.layer_outputs).
-    for key in ("hidden_states", "attentions"):
+    # Per layer (the encoder's), or per step and per layer (hfax.generation.layer_outputs).
+    for key in ("encoder_hidden_states", "encoder_attentions"):
+        if key in extras:
+            fields[key] = tuple(convert(layer, kind, like) for layer in extras[key])
+    for key in (
+        "hidden_states", "attentions", "decoder_hidden_states", "decoder_attentions", "cross_attentions"
+    ):  # fmt: skip
         if key in extras:
             fields[key] = tuple(
                 tuple(convert(layer, kind, like) for layer in step) for step in extras[key]

@@ -326,14 +326,6 @@ def prepare(
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     if encoder_decoder and "encoder_decoder" not in features:
         raise NotImplementedError("this backend's generate does not run encoder-decoder models")
-    records = config.return_dict_in_generate and any(
-        getattr(config, n, False) for n in LAYER_OUTPUTS
-    )
-    if encoder_decoder and records:
-        raise NotImplementedError(
-            "hfax's generate records output_hidden_states / output_attentions for decoder-only models; "
-            "for an encoder-decoder, run the model's forward on the sequences generate returns"
-        )
     reads_ids = getattr(module, "main_input_name", "input_ids") == "input_ids"
     embeds = extra.get("inputs_embeds")
     if embeds is not None:

@@ -135,7 +135,7 @@ class Forward:
             kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
             if tinputs is not None and "inputs_embeds" in tinputs:  # the prompt as embeddings
                 del kwargs["input_ids"]
-            asked = [n for n in layer_outputs.ASKED_BY if getattr(static.decoding, n)]
+            asked = layer_outputs.asked(static.decoding, encoder_decoder=False)
             kwargs.update({layer_outputs.ASKED_BY[name]: True for name in asked})
             # Multimodal positions among the inputs replace the plain ones.
             output = self._call(tparams, kwargs, cache, twindow.positions, tinputs, every=every)
@@ -149,11 +149,20 @@ class Forward:
 
     def encoder_decoder(
         self, window: Window, states: Any, source: dict[str, Any]
-    ) -> tuple[Any, Any, Any]:
+    ) -> tuple[Any, Any, Any, dict[str, Any]]:
         """The decoder's forward over ``window`` against ``source``: the encoder's inputs by name on the
         first step (``states`` is ``None``), which runs the encoder alone as transformers' ``generate``
         does; its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. Also returns the
-        encoder's output, which the decode loop carries."""
+        encoder's output, which the decode loop carries, and the per-layer outputs the decoding records
+        (the encoder's on the first step; :mod:`hfax.generation.layer_outputs`)."""
+        decoding = self.static.decoding
+        asked = layer_outputs.asked(decoding, encoder_decoder=True)
+        flags = {
+            layer_outputs.ASKED_BY[name]: True
+            for name in ("hidden_states", "attentions")
+            if getattr(decoding, name)
+        }
+        recorded: dict[str, Any] = {}
         with env(), lowerings.row_products(self.layout.row_products):
             tparams = self._torch_params()
             twindow = window.as_tensors()
@@ -162,8 +171,18 @@ class Forward:
             if "encoded" not in tsource:
                 encoder = _Encoder(self.model.module)
                 encoded = torch.func.functional_call(
-                    encoder, _prefixed(tparams), (), dict(tsource), tie_weights=True, strict=False
+                    encoder,
+                    _prefixed(tparams),
+                    (),
+                    {**tsource, **flags},
+                    tie_weights=True,
+                    strict=False,
                 )
+                for name in asked:
+                    if name.startswith("encoder_"):
+                        recorded[name] = layer_outputs.stacked(getattr(encoded, name[8:]))
+                if flags:  # the decode loop carries the last hidden state only
+                    encoded = type(encoded)(last_hidden_state=encoded.last_hidden_state)
                 mask = tsource.get("attention_mask")
                 tsource = (
                     {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
@@ -176,15 +195,21 @@ class Forward:
             )
             if "mask" in tsource:
                 kwargs["attention_mask"] = tsource["mask"]
+            kwargs.update(flags)
             output = self._call(tparams, kwargs, cache, twindow.positions)
             new_states = {
                 "self": cache.self_attention_cache.states(),
                 "cross": cache.cross_attention_cache.states(),
             }
+            for name in asked:
+                if not name.startswith("encoder_"):
+                    recorded[name] = layer_outputs.stacked(getattr(output, name))
             encoded = tsource["encoded"]
             pytrees.register(type(encoded))  # carried from step to step by the decode loop
-            logits, new_states, encoded = to_array((output.logits[:, -1, :], new_states, encoded))
-        return logits.astype(jnp.float32), self._constrained(new_states), encoded
+            logits, new_states, encoded, recorded = to_array(
+                (output.logits[:, -1, :], new_states, encoded, recorded)
+            )
+        return logits.astype(jnp.float32), self._constrained(new_states), encoded, recorded
 
     def _torch_params(self) -> dict[str, Any]:
         transposed = self.layout.transposed
@@ -327,8 +352,7 @@ def prefill(
             jnp.arange(length + 1),
         )
     if static.encoder_decoder:
-        logits, states, hidden = forward.encoder_decoder(window, None, source)
-        recorded = {}
+        logits, states, hidden, recorded = forward.encoder_decoder(window, None, source)
     else:
         logits, states, recorded = forward.decoder(window, None, inputs=inputs)
         hidden = None
@@ -344,7 +368,7 @@ def prefill(
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     state = {"tokens": chosen, "states": states, "valid": valid}
-    if not static.encoder_decoder and recorded:
+    if recorded:
         state["outputs"] = _whole(
             model, _on_torch(lambda r: layer_outputs.start(r, capacity), recorded)
         )
@@ -385,18 +409,18 @@ def decode(
             positions = (seen + step - 1 + state.get("offsets", 0))[:, None]
             window = Window(last, positions, state["valid"], slot[None], slot)
             if static.encoder_decoder:
-                logits, states, _ = forward.encoder_decoder(
+                logits, states, _, recorded = forward.encoder_decoder(
                     window, state["states"], state["source"]
                 )
             else:
                 logits, states, recorded = forward.decoder(
                     window, state["states"], masked=static.attends
                 )
-                if "outputs" in state:  # the per-layer outputs asked for, as this step made them
-                    state = {
-                        **state,
-                        "outputs": _on_torch(layer_outputs.write, state["outputs"], recorded, step),
-                    }
+            if "outputs" in state:  # the per-layer outputs asked for, as this step made them
+                state = {
+                    **state,
+                    "outputs": _on_torch(layer_outputs.write, state["outputs"], recorded, step),
+                }
         else:  # the prompt and the tokens so far, the rest masked; the logits of the last token so far
             length = state["valid"].shape[1]
             ids, last = chosen["ids"], slot
