@@ -38,7 +38,8 @@ log = logging.getLogger("hfax.serve")
 @dataclasses.dataclass
 class Event:
     """New tokens of one sequence (``ids`` with their ``logprobs``, ``top_ids``, ``top_logprobs``), and
-    ``finish``: ``None`` while it runs, then ``"stop"`` (an EOS token), ``"length"``, or ``"cancelled"``."""
+    ``finish``: ``None`` while it runs, then ``"stop"`` (an EOS token, or its grammar complete),
+    ``"length"``, or ``"cancelled"``."""
 
     ids: list[int]
     logprobs: list[float]
@@ -55,9 +56,8 @@ class Sequence:
     max_new: int
     sampling: Sampling
     deliver: Callable[[Event], None]
-    constraint: Any = (
-        None  # a hfax.serve.formats.Constraint when response_format asks for a grammar
-    )
+    # A hfax.serve.formats.Constraint when response_format asks for a grammar.
+    constraint: Any = None
     row: int = -1
     generated: int = 0
     cancelled: bool = False
