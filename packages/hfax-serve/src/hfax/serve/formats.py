@@ -21,13 +21,17 @@ such keywords are ignored and the rest of the schema still holds, OpenAI's "best
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from hfax.serve.requests import APIError
+
+log = logging.getLogger("hfax.serve")
 
 #: What llguidance's JSON compiler gets before a schema's own ``"x-guidance"`` options (see the module
 #: docstring).
@@ -39,11 +43,13 @@ NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 class Formats:
     """The served tokenizer as llguidance reads it, and the grammars of ``response_format`` fields.
 
-    llguidance's view of the tokenizer (every token's bytes, ~1 s for a large vocabulary) is built when a
-    request first asks for a grammar, and kept; a tokenizer it cannot read (a word-level one that joins
-    its tokens with spaces, a slow Python tokenizer) is named in that request's 400, and requests without
-    ``response_format`` are served as ever. ``vocab`` is the width of the engine's logits (it may exceed
-    the tokenizer's), ``eos`` the tokens that end a choice."""
+    llguidance's view of the tokenizer (every token's bytes) is built once, by :meth:`prepare` before the
+    server listens (seconds for a vocabulary of 262k tokens, holding the GIL, so it would stall every
+    stream if a request's parse built it), or by the first request that asks for a grammar. A tokenizer it
+    cannot read (a word-level one that joins its tokens with spaces, a slow Python tokenizer) is named in
+    the 400 of each request with a ``response_format``, and requests without one are served as ever.
+    ``vocab`` is the width of the engine's logits (it may exceed the tokenizer's), ``eos`` the tokens that
+    end a choice."""
 
     def __init__(self, tokenizer: Any, vocab: int, eos: list[int]) -> None:
         self.tokenizer, self.vocab, self.eos = tokenizer, vocab, eos
@@ -54,6 +60,19 @@ class Formats:
     def words(self) -> int:
         """The int32 words of one row's bitmask: one bit per token of the logits."""
         return (self.vocab + 31) // 32
+
+    def prepare(self) -> None:
+        """Build llguidance's view of the tokenizer now, and log whether ``response_format`` is served."""
+        started = time.perf_counter()
+        try:
+            self._llguidance_tokenizer()
+        except APIError as error:
+            log.info("hfax serve: requests with a response_format are refused: %s", error)
+            return
+        log.info(
+            "hfax serve: response_format is served (llguidance read the tokenizer in %.1f s)",
+            time.perf_counter() - started,
+        )
 
     def _llguidance_tokenizer(self) -> Any:
         with self._lock:
