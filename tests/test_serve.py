@@ -530,6 +530,7 @@ def test_response_format_holds_every_choice_to_its_grammar(json_served):
     for thread in threads:
         thread.join()
     assert set(results) == set(asks), "a request failed; see the server's log"
+    assert "response_format is served" in served.logs()
     assert results["plain"].choices[0].text == plain
     assert results["schema greedy"].choices[0].text == schema_greedy
     texts = {}
@@ -598,6 +599,7 @@ def test_response_format_on_a_tokenizer_llguidance_cannot_read_is_400(served):
         lambda: served.complete(PROMPTS[3], extra_body={"response_format": {"type": "json_object"}})
     )
     assert status == 400 and body["param"] == "response_format" and "llguidance" in body["message"]
+    assert "requests with a response_format are refused" in served.logs()  # said at the start
     text = served.complete(
         PROMPTS[3], max_tokens=4, extra_body={"response_format": {"type": "text"}}
     )
