@@ -24,7 +24,7 @@ def formats(tmp_path_factory):
 
 
 def _allowed(formats: Formats, constraint) -> set[int]:
-    bitmask = np.zeros((1, formats.words), np.int32)
+    bitmask = np.zeros((1, (formats.vocab + 31) // 32), np.int32)  # one bit per token
     constraint.allow(bitmask, 0)
     tokens = np.arange(formats.vocab)
     return set(tokens[(bitmask[0, tokens // 32] >> (tokens % 32)) & 1 == 1].tolist())

@@ -56,11 +56,6 @@ class Formats:
         self._built: Any = None
         self._lock = threading.Lock()
 
-    @property
-    def words(self) -> int:
-        """The int32 words of one row's bitmask: one bit per token of the logits."""
-        return (self.vocab + 31) // 32
-
     def prepare(self) -> None:
         """Build llguidance's view of the tokenizer now, and log whether ``response_format`` is served."""
         started = time.perf_counter()
