@@ -50,24 +50,33 @@ def _get(url: str) -> str:
 
 
 class Served:
-    def __init__(self, tmp_path) -> None:
+    """A tiny Llama served in a subprocess: on the word-level tokenizer of hfax.testing, or with
+    ``byte_level`` on its byte-level one (which llguidance reads: ``response_format``'s tests)."""
+
+    def __init__(self, tmp_path, byte_level: bool = False, slots: int = SLOTS) -> None:
         import transformers
 
-        from hfax.testing import TINY_SPECIAL, save_tiny, save_tiny_tokenizer
+        from hfax.testing import (
+            TINY_SPECIAL,
+            save_tiny,
+            save_tiny_byte_tokenizer,
+            save_tiny_tokenizer,
+        )
 
-        config = transformers.LlamaConfig(
-            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LENGTH,
-            **TINY_SPECIAL,
-        )  # fmt: skip
         self.path = str(tmp_path / "tiny-llama")
+        save_tokenizer = save_tiny_byte_tokenizer if byte_level else save_tiny_tokenizer
+        self.tokenizer = save_tokenizer(self.path)
+        config = transformers.LlamaConfig(
+            vocab_size=len(self.tokenizer), hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=LENGTH, **TINY_SPECIAL,
+        )  # fmt: skip
         self.reference = save_tiny(config, self.path)
-        self.tokenizer = save_tiny_tokenizer(self.path)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / "serve.log", "w+")
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", self.path,
-                   "--port", str(self.port), "--max-batch", str(SLOTS), "--max-queue", str(QUEUE),
+                   "--port", str(self.port), "--max-batch", str(slots), "--max-queue", str(QUEUE),
                    "--drain", "20"]  # fmt: skip
         env = {**os.environ, "HFAX_CACHE": str(tmp_path / "hfax-cache")}  # not the user's cache
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -148,6 +157,15 @@ def _until_eos(tokens: list[int], eos: int = 2) -> list[int]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     server = Served(tmp_path_factory.mktemp("serve"))
+    yield server
+    server.stop()
+    server.log.close()
+
+
+@pytest.fixture(scope="module")
+def json_served(tmp_path_factory):
+    """A server of a tiny Llama on the byte-level tokenizer, whose tokens spell JSON (4 rows)."""
+    server = Served(tmp_path_factory.mktemp("serve-json"), byte_level=True, slots=4)
     yield server
     server.stop()
     server.log.close()
@@ -405,6 +423,187 @@ def test_penalties_and_logit_bias_follow_openais_definition(served):
     messages = [{"role": "user", "content": prompt}]
     want, _ = _adjusted_greedy(served, served.chat_ids(messages), 6, frequency=2.0)
     assert chat.choices[0].message.content == served.text(want)
+
+
+#: A schema whose documents are short (every string and array bounded, no other keys), so that even a
+#: random model's output completes within ``max_tokens``: what ``response_format`` is tested with.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+    },
+    "required": ["name", "age", "ok", "color", "tags"],
+    "additionalProperties": False,
+}
+JSON_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "schema": SCHEMA, "strict": True},
+}
+
+
+def _follows_schema(text: str) -> None:
+    """``text`` parses as JSON and :data:`SCHEMA` validates it (checked by hand: jsonschema is not
+    installed in the test sessions)."""
+    value = json.loads(text)
+    assert isinstance(value, dict) and set(value) == set(SCHEMA["required"]), text
+    assert isinstance(value["name"], str) and len(value["name"]) <= 8, text
+    assert type(value["age"]) is int and 0 <= value["age"] <= 150, text
+    assert isinstance(value["ok"], bool), text
+    assert value["color"] in ("red", "green", "blue"), text
+    tags = value["tags"]
+    assert isinstance(tags, list) and len(tags) <= 2, text
+    assert all(isinstance(tag, str) and len(tag) <= 3 for tag in tags), text
+
+
+def _constrained_greedy(served, ids: list[int], schema: dict, max_new: int) -> list[int]:
+    """The greedy tokens under ``schema``, computed here: llguidance's mask of each step on
+    transformers' logits, the argmax, until the grammar is complete or allows only EOS."""
+    import llguidance.hf
+    import torch
+    from llguidance import LLMatcher
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+    tokenizer = llguidance.hf.from_tokenizer(served.tokenizer, n_vocab=len(served.tokenizer))
+    grammar = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    matcher = LLMatcher(tokenizer, grammar)
+    bitmask = allocate_token_bitmask(1, len(served.tokenizer))
+    tokens: list[int] = []
+    with torch.no_grad():
+        while len(tokens) < max_new and not matcher.is_stopped():
+            logits = served.reference(torch.tensor([ids + tokens])).logits[0, -1].float()
+            fill_next_token_bitmask(matcher, bitmask)
+            bits = (bitmask[0, np.arange(len(logits)) // 32] >> (np.arange(len(logits)) % 32)) & 1
+            logits[torch.from_numpy(bits == 0)] = -torch.inf
+            token = int(torch.argmax(logits))
+            if token == 2:  # EOS
+                break
+            tokens.append(token)
+            assert matcher.consume_token(token)
+    return tokens
+
+
+def test_response_format_holds_every_choice_to_its_grammar(json_served):
+    """json_schema and json_object outputs, greedy and sampled, completions and chat, streamed and not,
+    decoded at once beside a request without a grammar: each constrained choice ends with "stop" on a
+    document that parses (and that the schema validates); the greedy schema choice is the argmax of each
+    step's masked logits (computed on transformers' logits with llguidance); the plain request gets its
+    own greedy tokens, as alone."""
+    served = json_served
+    # Any JSON object may be long, and a random model's strings run on; these seeds end theirs.
+    prompt, plain_prompt = "the capital of france is", "one two three four"
+    schema_greedy = served.text(_constrained_greedy(served, served.ids(prompt), SCHEMA, 120))
+    plain = served.text(served.greedy(served.ids(plain_prompt), 40))
+    messages = [{"role": "user", "content": "give me json"}]
+    results: dict = {}
+    asks = {
+        "schema greedy": lambda: served.complete(
+            prompt, max_tokens=120, extra_body={"response_format": JSON_SCHEMA}
+        ),
+        "schema sampled": lambda: served.complete(
+            prompt, max_tokens=120, temperature=1.0, seed=5, n=2,
+            extra_body={"response_format": JSON_SCHEMA},
+        ),
+        "object greedy": lambda: served.complete(
+            "a small cat", max_tokens=120, extra_body={"response_format": {"type": "json_object"}}
+        ),
+        "object sampled": lambda: served.client.chat.completions.create(
+            model=served.path, messages=messages, max_tokens=120, temperature=0.9, seed=1, n=2,
+            response_format={"type": "json_object"},
+        ),
+        "schema chat streamed": lambda: _streamed_text(served.client.chat.completions.create(
+            model=served.path, messages=messages, max_tokens=120, temperature=0.7, seed=11,
+            response_format=JSON_SCHEMA, stream=True,
+        )),
+        "plain": lambda: served.complete(plain_prompt, max_tokens=40),
+    }  # fmt: skip
+
+    def ask(name: str) -> None:
+        results[name] = asks[name]()
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in asks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(results) == set(asks), "a request failed; see the server's log"
+    assert "response_format is served" in served.logs()
+    assert results["plain"].choices[0].text == plain
+    assert results["schema greedy"].choices[0].text == schema_greedy
+    texts = {}
+    for name in ("schema greedy", "schema sampled", "object greedy", "object sampled"):
+        for choice in results[name].choices:
+            assert choice.finish_reason == "stop", (name, choice)
+            texts.setdefault(name, []).append(
+                choice.message.content if name.startswith("object sampled") else choice.text
+            )
+    streamed, chunks = results["schema chat streamed"]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    for text in [*texts["schema greedy"], *texts["schema sampled"], streamed]:
+        _follows_schema(text)
+    for text in [*texts["object greedy"], *texts["object sampled"]]:
+        assert isinstance(json.loads(text), dict), text
+    assert texts["schema sampled"][0] != texts["schema sampled"][1]
+    # Without the grammar the model writes no JSON at all.
+    with pytest.raises(ValueError):
+        json.loads(served.complete(prompt, max_tokens=120).choices[0].text)
+
+
+def test_response_format_cut_by_max_tokens_ends_with_length(json_served):
+    """max_tokens ends a constrained choice before its document does: "length", as OpenAI's; the text is
+    the start of the document the greedy choice writes with room."""
+    served, prompt = json_served, "the capital of france is"
+    full = served.text(_constrained_greedy(served, served.ids(prompt), SCHEMA, 120))
+    choice = served.complete(
+        prompt, max_tokens=6, extra_body={"response_format": JSON_SCHEMA}
+    ).choices[0]
+    assert choice.finish_reason == "length" and full.startswith(choice.text) and choice.text
+    text = served.complete(prompt, max_tokens=6, extra_body={"response_format": {"type": "text"}})
+    assert text.choices[0].text == served.text(served.greedy(served.ids(prompt), 6))
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "xml"},
+        {"type": "json_object", "schema": {}},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+        {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": SCHEMA}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": "yes"}},
+        "json",
+    ],
+)
+def test_bad_response_formats_are_400_and_the_server_keeps_serving(json_served, response_format):
+    served = json_served
+    status, body = _error(
+        lambda: served.client.chat.completions.create(
+            model=served.path, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            response_format=response_format,
+        )
+    )  # fmt: skip
+    assert status == 400 and body["param"] == "response_format" and body["message"], body
+    assert served.complete(PROMPTS[3], max_tokens=2).choices[0].text
+
+
+def test_response_format_on_a_tokenizer_llguidance_cannot_read_is_400(served):
+    """The word-level tokenizer joins its tokens with spaces, so no grammar can be held to its tokens:
+    response_format is refused, naming it; plain text ({"type": "text"}) is served as ever."""
+    status, body = _error(
+        lambda: served.complete(PROMPTS[3], extra_body={"response_format": {"type": "json_object"}})
+    )
+    assert status == 400 and body["param"] == "response_format" and "llguidance" in body["message"]
+    assert "requests with a response_format are refused" in served.logs()  # said at the start
+    text = served.complete(
+        PROMPTS[3], max_tokens=4, extra_body={"response_format": {"type": "text"}}
+    )
+    assert text.choices[0].text == served.text(served.greedy(served.ids(PROMPTS[3]), 4))
 
 
 def test_stop_strings_end_the_text(served):

@@ -137,3 +137,51 @@ def test_a_request_moved_to_another_row_keeps_its_generate_tokens(tiny):
             tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
         finished = chunk.finished[:2]
     assert tokens[0] == greedy and tokens[1] == sampled
+
+
+def _bits(tokens: list[int], words: int) -> np.ndarray:
+    """The packed bitmask of ``hfax.generation.rows.allow`` allowing ``tokens``."""
+    bits = np.zeros((words,), np.uint32)
+    for token in tokens:
+        bits[token // 32] |= np.uint32(1 << (token % 32))
+    return bits.view(np.int32)
+
+
+def test_allowed_tokens_narrow_a_rows_choice_and_leave_its_neighbour_as_it_is(tiny):
+    # What a grammar (hfax serve's response_format) does to a row: each step, its first token's included,
+    # it chooses the likeliest of the tokens its bits allow (transformers' logits with the rest removed);
+    # its logprobs stay the model's own; the row beside it, given every bit, gets generate's tokens.
+    import torch
+
+    _, reference, model = tiny("llama")
+    greedy = _generated(model, PROMPTS[1], do_sample=False)
+    engine = SlotEngine(model, slots=2, length=96, chunk=4)
+    engine.shift(40)
+    allowed = [5, 31, 40, 77]
+    bits = _bits(allowed, (engine.vocab + 31) // 32)
+    every = np.full_like(bits, -1)
+    first = engine.admit(0, PROMPTS[0], Sampling(0.0, logprobs=True), NEW, allowed=bits)
+    tokens = {
+        0: [int(first["token"])],
+        1: [int(engine.admit(1, PROMPTS[1], Sampling(0.0), NEW)["token"])],
+    }
+    logprobs = [float(first["logprob"])]
+    finished = np.zeros(2, bool)
+    while not finished.all():
+        engine.decode(1, 2, allowed=np.stack([bits, every]))
+        chunk = engine.read()
+        assert chunk.count.max() <= 1
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        logprobs += chunk.logprobs[0, : chunk.count[0]].tolist()
+        finished = chunk.finished
+    assert tokens[1] == greedy
+    expected, want = [], []
+    with torch.no_grad():
+        for _ in range(NEW):
+            logits = reference(torch.tensor([PROMPTS[0] + expected])).logits[0, -1].float()
+            token = allowed[int(torch.argmax(logits[allowed]))]
+            expected.append(token)
+            want.append(float(torch.log_softmax(logits, -1)[token]))
+    assert tokens[0] == expected
+    np.testing.assert_allclose(logprobs, want, atol=1e-4)

@@ -21,10 +21,13 @@ BUCKET = 16
 class ColumnsEngine:
     """Every prompt takes one bucket; each of the leading rows a chunk runs emits token 7 until its
     ``max_new``; the clock advances by the chunk's steps; ``shift``, ``move`` and ``restart`` are
-    recorded."""
+    recorded, and so are the ``allowed`` tokens of each admit and decode."""
+
+    vocab = 40  # two words of allowed bits per row
 
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
+        self.allowed: list[tuple[str, int, np.ndarray | None]] = []
         self.left = np.zeros((slots,), int)
         self.shifts: list[int] = []
         self.restarts: list[int] = []
@@ -35,10 +38,13 @@ class ColumnsEngine:
     def bucket(self, length: int) -> int:
         return BUCKET
 
-    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict:
+    def admit(
+        self, row: int, ids: list[int], sampling: Sampling, max_new: int, allowed=None
+    ) -> dict:
         assert self.clock >= BUCKET and self.clock + max_new <= self.length, (
             "columns outside the rows"
         )
+        self.allowed.append(("admit", 1, allowed))
         self.admitted_at.append(self.clock)
         self.left[row] = max_new - 1
         return {
@@ -48,7 +54,8 @@ class ColumnsEngine:
             "top_logprobs": np.zeros(5),
         }
 
-    def decode(self, steps: int, rows: int) -> None:
+    def decode(self, steps: int, rows: int, allowed=None) -> None:
+        self.allowed.append(("decode", steps, allowed))
         self.rows_run.append(rows)
         self.count = np.where(np.arange(self.slots) < rows, np.minimum(self.left, steps), 0)
         self.left -= self.count
@@ -151,3 +158,63 @@ def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
     assert [len(tokens) for tokens in got.values()] == [5, 5, 13]
     assert engine.moves == [(2, 0)]
     assert engine.rows_run == [3, 1, 1]
+
+
+class Grammar:
+    """A stand-in for :class:`hfax.serve.formats.Constraint`: allows token 7 alone, complete after
+    ``length`` tokens."""
+
+    def __init__(self, length: int) -> None:
+        self.length, self.seen = length, 0
+
+    def allow(self, bitmask: np.ndarray, row: int) -> None:
+        bitmask[row] = 0
+        bitmask[row, 0] = 1 << 7
+
+    def consume(self, token: int) -> bool:
+        assert token == 7
+        self.seen += 1
+        return self.seen >= self.length
+
+    def error(self) -> str:
+        return ""
+
+
+def test_a_sequence_with_a_grammar_decodes_one_allowed_step_at_a_time_and_ends_with_it():
+    """While a sequence with a grammar is busy every decode is one step, given its row's allowed tokens
+    and every token for the other row; its grammar's end ends it with "stop" (its row released) before
+    its max_new; alone, the sequence without one decodes in chunks again."""
+    engine = ColumnsEngine(slots=2, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    events: dict[str, list] = {"grammar": [], "plain": []}
+    done = threading.Event()
+
+    def deliver(name: str):
+        def take(event) -> None:
+            events[name].append(event)
+            if all(e and e[-1].finish for e in events.values()):
+                done.set()
+
+        return take
+
+    try:
+        scheduler.submit(
+            [Sequence([1], 20, Sampling(0.0), deliver("grammar"), constraint=Grammar(3)),
+             Sequence([1], 12, Sampling(0.0), deliver("plain"))]
+        )  # fmt: skip
+        assert done.wait(10)
+    finally:
+        scheduler.close()
+    grammar = [token for event in events["grammar"] for token in event.ids]
+    assert grammar == [7, 7, 7] and events["grammar"][-1].finish == "stop"
+    assert sum(len(e.ids) for e in events["plain"]) == 12 and events["plain"][-1].finish == "length"
+    first, second, third, *rest = engine.allowed
+    assert first[0] == "admit" and first[2].tolist() == [1 << 7, 0]
+    assert second[0] == "admit" and second[2] is None
+    for kind, steps, allowed in (third, rest[0]):  # the grammar's two steps after its first token
+        assert (kind, steps) == ("decode", 1)
+        assert allowed.tolist() == [[1 << 7, 0], [-1, -1]]
+    assert [(kind, steps, allowed) for kind, steps, allowed in rest[1:]] == [
+        ("decode", 4, None)
+    ] * len(rest[1:])
+    assert rest[1:], "the plain sequence decoded in chunks again"

@@ -10,7 +10,9 @@ counter-hash noise of :mod:`hfax.generation.search`. A request sampled in a batc
 
 OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (:func:`adjust`) change the
 logits a row's token is chosen from, before the choice; log-probabilities stay the model's own. A step
-where no busy row has them skips the adjustment.
+where no busy row has them skips the adjustment. A grammar (OpenAI's ``response_format``) narrows the
+choice the same way, after them: :func:`allow` keeps only the tokens a row's packed bitmask lets it
+choose, which the host computes each step.
 
 Written in torch ops, like :mod:`hfax.generation.tokens`: the JAX backend traces them through torchax.
 """
@@ -91,6 +93,22 @@ def adjust(logits: Any, rows: dict[str, Any]) -> Any:
     counts = rows["counts"].to(torch.float32)
     presence = (counts > 0).to(torch.float32) * rows["presence"][:, None]
     return logits - counts * rows["frequency"][:, None] - presence
+
+
+def allow(adjusted: Any, allowed: Any) -> Any:
+    """``adjusted`` logits ``[rows, vocab]`` with every token a row may not choose at ``-inf``.
+
+    ``allowed`` ``[rows, ceil(vocab / 32)]`` (int32) is the packed bitmask llguidance fills: token ``t``
+    may be chosen when bit ``t % 32`` of word ``t // 32`` is set, so a row of ``-1`` words allows every
+    token and leaves its logits as they are (a row without a grammar chooses what it chooses without
+    one). Only the choice reads the result: log-probabilities stay the model's own. Each row must allow
+    at least one token (a grammar always allows one, EOS at its end)."""
+    import torch
+
+    tokens = torch.arange(adjusted.shape[-1], device=adjusted.device)
+    # An arithmetic shift reads bit 31 too: a set sign bit shifted down is -1, whose lowest bit is 1.
+    bits = (allowed[:, tokens // 32] >> (tokens % 32)) & 1
+    return adjusted.masked_fill(bits == 0, float("-inf"))
 
 
 def choose(

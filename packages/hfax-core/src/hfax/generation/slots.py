@@ -44,25 +44,41 @@ class Scored:
 
 
 class SlotEngine(Protocol):
-    """What a backend gives the scheduler: a fixed number of rows decoded together."""
+    """What a backend gives the scheduler: a fixed number of rows decoded together.
+
+    A row may be constrained by a grammar (OpenAI's ``response_format``): its next token must be one that
+    the host allows, and the host knows which only after the token before it. :meth:`admit` and
+    :meth:`decode` take those tokens as ``allowed``, a packed bitmask (:func:`hfax.generation.rows.allow`),
+    and :meth:`decode` then runs one step; without ``allowed`` they run as they would without grammars."""
 
     slots: int
     length: int
     chunk: int
     clock: int
+    vocab: int  # the width of the logits a token is chosen from (what ``allowed`` has one bit per)
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
 
-    def admit(self, row: int, ids: list[int], sampling: Sampling, max_new: int) -> dict[str, Any]:
-        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host."""
+    def admit(
+        self,
+        row: int,
+        ids: list[int],
+        sampling: Sampling,
+        max_new: int,
+        allowed: np.ndarray | None = None,
+    ) -> dict[str, Any]:
+        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host, among
+        the tokens ``allowed`` (int32 ``[ceil(vocab / 32)]``) lets it choose when given."""
 
     def score(self, ids: list[int]) -> Scored:
         """``ids``' own log-probabilities (what ``echo`` with ``logprobs`` answers), in a forward of their
         own that leaves every row as it is."""
 
-    def decode(self, steps: int, rows: int) -> None:
-        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free)."""
+    def decode(self, steps: int, rows: int, allowed: np.ndarray | None = None) -> None:
+        """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free). With
+        ``allowed`` (int32 ``[slots, ceil(vocab / 32)]``, every bit set in a row without a grammar),
+        ``steps`` must be 1: each row's token is chosen among the tokens its bits allow."""
 
     def read(self) -> Chunk:
         """The last chunk's tokens per row; waits for the device."""

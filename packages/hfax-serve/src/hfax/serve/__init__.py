@@ -84,6 +84,7 @@ def run(
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     scheduler = Scheduler(engine(backend, model, max_batch, length), eos, max_queue)
     server = Server(scheduler, tokenizer, name, length)
+    server.formats.prepare()
     config = uvicorn.Config(
         build(server), host=host, port=port, timeout_graceful_shutdown=drain, log_level="info"
     )

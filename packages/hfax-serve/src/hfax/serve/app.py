@@ -4,7 +4,8 @@
     GET  /v1/models, /health, /metrics           what is served, whether it serves, Prometheus counters
     POST /tokenize, /detokenize; GET /tokenizer_info   the served tokenizer, as vLLM's endpoints give it
 
-A request is checked (:mod:`hfax.serve.requests`), split into its ``n`` choices, and queued on the
+A request is checked (:mod:`hfax.serve.requests`), split into its ``n`` choices (each with a grammar of
+its own when ``response_format`` asks for one: :mod:`hfax.serve.formats`), and queued on the
 :class:`~hfax.serve.scheduler.Scheduler`; tokens come back per decode chunk and are turned into text
 here, where ``stop`` strings end a choice. A client that goes away cancels its choices, which frees their
 rows before the next chunk.
@@ -19,6 +20,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from hfax.serve import requests
+from hfax.serve.formats import Constraint, Formats
 from hfax.serve.requests import APIError, Job
 from hfax.serve.scheduler import Event, QueueFull, Scheduler, Sequence
 
@@ -53,7 +55,13 @@ class Choice:
     """One of a request's ``n`` continuations: its sequence in the scheduler, its text and logprobs."""
 
     def __init__(
-        self, index: int, job: Job, tokenizer: Any, queue: asyncio.Queue, loop: Any
+        self,
+        index: int,
+        job: Job,
+        tokenizer: Any,
+        queue: asyncio.Queue,
+        loop: Any,
+        constraint: Constraint | None = None,
     ) -> None:
         self.index = index
         self.text = Text(tokenizer, job.stop)
@@ -63,7 +71,9 @@ class Choice:
         def deliver(event: Event) -> None:  # on the scheduler's thread
             loop.call_soon_threadsafe(queue.put_nowait, (self, event))
 
-        self.sequence = Sequence(job.prompt(index), job.max_new, job.sampling(index), deliver)
+        self.sequence = Sequence(
+            job.prompt(index), job.max_new, job.sampling(index), deliver, constraint
+        )
 
 
 class Server:
@@ -71,13 +81,14 @@ class Server:
 
     def __init__(self, scheduler: Scheduler, tokenizer: Any, name: str, length: int) -> None:
         self.scheduler, self.tokenizer, self.name, self.length = scheduler, tokenizer, name, length
+        self.formats = Formats(tokenizer, scheduler.engine.vocab, sorted(scheduler.eos))
         self.started = int(time.time())
         self.closing = False
         self.latency: dict[str, list[float]] = {"ttft": [], "e2e": []}
 
     def job(self, kind: str, body: Any) -> Job:
         return requests.parse(
-            kind, body, self.name, self.tokenizer, self.scheduler.fits, self.length
+            kind, body, self.name, self.tokenizer, self.scheduler.fits, self.length, self.formats
         )
 
     async def score(self, ids: list[int]) -> Any:
@@ -105,7 +116,12 @@ class Server:
         choice finished; cancels them all if the consumer stops early or ``disconnected()`` says so."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        choices = [Choice(i, job, self.tokenizer, queue, loop) for i in range(job.choices)]
+        constraints: list[Constraint | None] = [None] * job.choices
+        if job.grammar is not None:
+            constraints = list(self.formats.constraints(job.grammar, job.choices))
+        choices = [
+            Choice(i, job, self.tokenizer, queue, loop, constraints[i]) for i in range(job.choices)
+        ]
         try:
             self.scheduler.submit([choice.sequence for choice in choices])
         except QueueFull:

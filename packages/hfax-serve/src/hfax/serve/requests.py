@@ -2,7 +2,9 @@
 
 Every field OpenAI defines for ``/v1/completions`` and ``/v1/chat/completions`` is either honoured, or
 refused with a 400 naming it when set to anything but its default (``best_of``, tools, ...);
-a field OpenAI does not define is refused too, so a typo never passes silently.
+a field OpenAI does not define is refused too, so a typo never passes silently. ``response_format``
+(chat's field, which completions take too, as vLLM's do) is checked and compiled by
+:mod:`hfax.serve.formats`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class APIError(Exception):
 
 #: Fields both endpoints honour.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-          "seed", "presence_penalty", "frequency_penalty", "logprobs", "user", "logit_bias"}  # fmt: skip
+          "seed", "presence_penalty", "frequency_penalty", "logprobs", "user", "logit_bias",
+          "response_format"}  # fmt: skip
 #: OpenAI's fields that hfax serve refuses unless left at their default (``None``, or the value given).
 UNSUPPORTED = {
     "suffix": None,
@@ -51,7 +54,6 @@ UNSUPPORTED = {
     "functions": None,
     "function_call": None,
     "parallel_tool_calls": None,
-    "response_format": None,
     "modalities": None,
     "audio": None,
     "prediction": None,
@@ -100,6 +102,7 @@ class Job:
     presence: float = 0.0  # OpenAI's presence_penalty
     frequency: float = 0.0  # OpenAI's frequency_penalty
     bias: tuple[tuple[int, float], ...] = ()  # OpenAI's logit_bias as (token, bias) pairs
+    grammar: str | None = None  # response_format as an llguidance grammar; None for plain text
 
     @property
     def choices(self) -> int:
@@ -121,11 +124,15 @@ class Job:
         )
 
 
-def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, length: int) -> Job:
+def parse(
+    kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, length: int, formats: Any
+) -> Job:
     """``body`` (parsed JSON) of a ``kind`` request as a :class:`Job`, or :class:`APIError`.
 
     ``fits(prompt_tokens, max_new)`` says whether the server's rows hold them; ``length`` is their
-    capacity in tokens, for the error message and chat's default ``max_tokens``.
+    capacity in tokens, for the error message and chat's default ``max_tokens``. ``formats`` (a
+    :class:`hfax.serve.formats.Formats`) turns ``response_format`` into a grammar, last, so that a
+    request refused for another field costs no grammar.
     """
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
@@ -208,6 +215,7 @@ def parse(kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, leng
         presence=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         bias=_bias(body, len(tokenizer)),
+        grammar=formats.grammar(body.get("response_format")),
     )
 
 

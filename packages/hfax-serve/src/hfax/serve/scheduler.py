@@ -10,6 +10,12 @@ its new tokens. Requests reach it from the server's event loop through :meth:`Sc
 The cache columns a request will use are known when it is admitted (its prompt's bucket before the
 engine's clock, ``max_new`` after it), so admission checks they fit and otherwise shifts every row, or
 waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column layout).
+
+A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
+allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
+(all of them for rows without a grammar, which so get the tokens they get alone, one per step), its
+grammar advances with each token on this thread, and it ends with ``"stop"`` once the grammar is
+complete. Without one busy, decoding runs in chunks as it always does.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ log = logging.getLogger("hfax.serve")
 @dataclasses.dataclass
 class Event:
     """New tokens of one sequence (``ids`` with their ``logprobs``, ``top_ids``, ``top_logprobs``), and
-    ``finish``: ``None`` while it runs, then ``"stop"`` (an EOS token), ``"length"``, or ``"cancelled"``."""
+    ``finish``: ``None`` while it runs, then ``"stop"`` (an EOS token, or its grammar complete),
+    ``"length"``, or ``"cancelled"``."""
 
     ids: list[int]
     logprobs: list[float]
@@ -49,6 +56,8 @@ class Sequence:
     max_new: int
     sampling: Sampling
     deliver: Callable[[Event], None]
+    # A hfax.serve.formats.Constraint when response_format asks for a grammar.
+    constraint: Any = None
     row: int = -1
     generated: int = 0
     cancelled: bool = False
@@ -245,11 +254,19 @@ class Scheduler:
                 self._spans[free] = self._spans.pop(last)
 
     def _admit(self, row: int, sequence: Sequence) -> None:
-        chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)
+        if sequence.constraint is None:
+            chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)
+        else:
+            allowed = self._allowed([sequence], 1)
+            chosen = self.engine.admit(
+                row, sequence.ids, sequence.sampling, sequence.max_new, allowed=allowed[0]
+            )
         self.counters.prompt_tokens += len(sequence.ids)
         sequence.first_token = time.perf_counter()
         token = int(chosen["token"])
         finish = self._finish_reason(token, 1, sequence)
+        if finish != "stop" and self._completes(sequence, [token]):
+            finish = "stop"
         self._send(
             sequence,
             [token],
@@ -265,11 +282,15 @@ class Scheduler:
 
     def _decode(self) -> None:
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
-        self.engine.decode(self.engine.chunk, last + 1)
+        if any(sequence is not None and sequence.constraint is not None for sequence in self._rows):
+            self.engine.decode(1, last + 1, allowed=self._allowed(self._rows, self.engine.slots))
+        else:
+            self.engine.decode(self.engine.chunk, last + 1)
         chunk = self.engine.read()
         count = np.asarray(chunk.count)
         self.counters.decode_steps += int(count.max(initial=0))
         self.counters.busy_row_steps += int(count.sum())
+        completed = []
         with self._wake:
             for row, sequence in enumerate(self._rows):
                 if sequence is None or sequence.cancelled:
@@ -279,6 +300,9 @@ class Scheduler:
                 finish = None
                 if chunk.finished[row]:
                     finish = self._finish_reason(ids[-1] if ids else -1, 0, sequence) or "length"
+                if finish != "stop" and self._completes(sequence, ids):
+                    finish = "stop"
+                    completed.append(row)
                 self._send(
                     sequence,
                     ids,
@@ -289,6 +313,29 @@ class Scheduler:
                 )
                 if finish is not None:
                     self._finish(row, finish)
+        if completed:  # the engine still counts these rows busy: their grammar ended them, not EOS
+            self.engine.release(self._mask(completed))
+
+    def _allowed(self, sequences: list[Sequence | None], rows: int) -> np.ndarray:
+        """The tokens each of ``rows`` rows may choose next, as the engine takes them: int32 words, one
+        bit per token; every bit of a row set unless its sequence (``sequences[row]``) has a grammar."""
+        allowed = np.full((rows, (self.engine.vocab + 31) // 32), -1, np.int32)
+        for row, sequence in enumerate(sequences[:rows]):
+            if sequence is not None and sequence.constraint is not None:
+                sequence.constraint.allow(allowed, row)
+        return allowed
+
+    def _completes(self, sequence: Sequence, ids: list[int]) -> bool:
+        """Whether ``ids``, the sequence's new tokens, complete its grammar (never without one)."""
+        constraint = sequence.constraint
+        if constraint is None:
+            return False
+        complete = False
+        for token in ids:  # one: a sequence with a grammar decodes one step at a time
+            complete = constraint.consume(token)
+        if constraint.error():
+            log.warning("hfax serve: a response_format grammar failed: %s", constraint.error())
+        return complete
 
     def _finish_reason(self, token: int, new: int, sequence: Sequence) -> str | None:
         if token in self.eos:

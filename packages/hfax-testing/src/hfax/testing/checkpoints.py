@@ -1,5 +1,6 @@
 """Tiny checkpoints on disk: a model of a tiny config with seeded random weights, saved and loaded back through
-``from_pretrained`` so the real loading code runs, and a word-level tokenizer to save beside it.
+``from_pretrained`` so the real loading code runs, and a word-level or byte-level tokenizer to save beside
+it.
 
 They need torch (any backend brings it); it is imported when they run, so the torch_xla environment's
 torch 2.9 serves as well as the JAX backend's 2.13.
@@ -71,17 +72,45 @@ TINY_WORDS = (
 ).split()
 
 
+#: The special tokens every tiny tokenizer starts with (pad 0, BOS 1, EOS 2, as :data:`TINY_SPECIAL`).
+_SPECIAL = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
+
+
 def save_tiny_tokenizer(directory: str | Path, vocab_size: int = 128) -> Any:
     """Save a word-level tokenizer of ``vocab_size`` tokens (pad 0, BOS 1, EOS 2, as :data:`TINY_SPECIAL`)
     with a chat template to ``directory``, beside a tiny checkpoint, and return it loaded back with
     ``AutoTokenizer`` (the Hub is not reachable from tests)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    words = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", *TINY_WORDS][:vocab_size]
+    words = [*_SPECIAL, *TINY_WORDS][:vocab_size]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return _save_tokenizer(tokenizer, directory)
+
+
+def save_tiny_byte_tokenizer(directory: str | Path) -> Any:
+    """Save a byte-level tokenizer to ``directory`` and return it loaded back: the special tokens of
+    :func:`save_tiny_tokenizer`, then one token per byte (GPT-2's byte-level alphabet) and no merges, 261
+    tokens. Any text round-trips through it and a token's text is its bytes, which grammar-constrained
+    decoding needs (llguidance reads byte-level tokenizers; the word-level one above joins its words with
+    spaces), and a model on it can spell any output, JSON included."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate([*_SPECIAL, *alphabet])}
+    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return _save_tokenizer(tokenizer, directory)
+
+
+def _save_tokenizer(tokenizer: Any, directory: str | Path) -> Any:
+    """``tokenizer`` (a ``tokenizers.Tokenizer`` starting with :data:`_SPECIAL`) with BOS before every
+    text and a plain chat template, saved as a transformers tokenizer and loaded back."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
     )

@@ -3,6 +3,7 @@
     engine = SlotEngine(model, slots=8, length=1024, chunk=8)
     engine.admit(row, ids, mask, sampling, max_new)   prefill one prompt into one row   (a program per prompt bucket)
     engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
+    engine.decode(1, allowed=bitmask)                 one token per busy row, among those allowed (one program)
     engine.read()                                     the chunk's tokens, per row, on the host
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
     engine.move(source, target)                       one request to another row                  (one program)
@@ -21,6 +22,14 @@ left (or right) by the same amount, one copy of the cache.
 Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
 so a stream of requests compiles one prefill per prompt bucket, one decode per power of two of busy rows,
 and one each of shift, move, restart, release and start.
+
+A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
+knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
+a time with ``allowed``, a packed bitmask ``[slots, ceil(vocab / 32)]`` that is an input of programs of
+their own (``serve_step``, and ``serve_admit_allowed`` for a first token), which apply it after the
+penalties (:func:`rows.allow`); the programs without it are the ones above, unchanged, so requests without
+a grammar pay nothing while no grammar runs. The grammar programs compile when the first request with a
+grammar needs them (one step program per power of two of busy rows, one prefill per prompt bucket).
 """
 
 from __future__ import annotations
@@ -163,15 +172,20 @@ def _output(slots: int, chunk: int) -> dict[str, Any]:
     }
 
 
-def _choose(logits: Any, settings: dict[str, Any], step: Any, busy: Any) -> dict[str, Any]:
+def _choose(
+    logits: Any, settings: dict[str, Any], step: Any, busy: Any, allowed: Any = None
+) -> dict[str, Any]:
     """:func:`rows.choose` doing only the work the ``busy`` rows need (one branch per :data:`rows.WORKS`),
-    from logits :func:`rows.adjust` adjusted only when a busy row has a penalty or a bias."""
+    from logits :func:`rows.adjust` adjusted only when a busy row has a penalty or a bias, then narrowed
+    to the tokens ``allowed`` (a packed bitmask, :func:`rows.allow`) when given."""
     needed = _on_torch(rows.work_needed, settings, busy)
     adjusted = jax.lax.cond(
         _on_torch(rows.adjusts, settings, busy),
         lambda: _on_torch(rows.adjust, logits, settings),
         lambda: logits.astype(jnp.float32),
     )
+    if allowed is not None:
+        adjusted = _on_torch(rows.allow, adjusted, allowed)
     branches = [
         lambda logits, adjusted, settings, step, work=work: _on_torch(
             lambda *args: rows.choose(*args[:3], work, args[3]), logits, settings, step, adjusted
@@ -203,6 +217,38 @@ def admit_program(
 ) -> tuple[Any, Any]:
     """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
     its first token; returns the state and that token's :func:`rows.choose` output."""
+    return _admit(model, params, state, ids, mask, row, settings, eos, None, static)
+
+
+def admit_allowed_program(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    ids: Any,
+    mask: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
+    """:func:`admit_program` for a request with a grammar: its first token is chosen among those
+    ``allowed`` (``[ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) lets it choose."""
+    return _admit(model, params, state, ids, mask, row, settings, eos, allowed[None], static)
+
+
+def _admit(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    ids: Any,
+    mask: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     forward = Forward(model, static.step, static.layout, params)
@@ -228,7 +274,7 @@ def admit_program(
     one = {name: value[None] for name, value in settings.items()}
     vocab = state["rows"]["counts"].shape[1]
     one["counts"] = jnp.zeros((1, vocab), jnp.int32)  # nothing generated before the first token
-    first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
+    first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), allowed)
     chosen = jax.tree.map(lambda x: x[0], first)
     token = chosen["token"]
     per_row = {
@@ -267,11 +313,36 @@ def decode_program(
 ) -> dict[str, Any]:
     """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
     free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
+    return _leading(model, params, state, steps, eos, None, static)
+
+
+def step_program(
+    model: Any, params: Any, state: dict[str, Any], eos: Any, allowed: Any, static: SlotStatic
+) -> dict[str, Any]:
+    """One new token in every unfinished row among the first ``static.rows``, each chosen among the
+    tokens its row of ``allowed`` (``[slots, ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) lets it
+    choose: :func:`decode_program`'s step for a batch in which a row has a grammar."""
+    return _leading(model, params, state, jnp.int32(1), eos, allowed, static)
+
+
+def _leading(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    steps: Any,
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> dict[str, Any]:
+    """:func:`_decode` over the first ``static.rows`` rows only (and their rows of ``allowed``), the rest
+    of the state left as it is."""
     slots = state["valid"].shape[0]
     if static.rows == slots:
-        return _decode(model, params, state, steps, eos, static)
+        return _decode(model, params, state, steps, eos, allowed, static)
+    if allowed is not None:
+        allowed = allowed[: static.rows]
     head = {name: jax.tree.map(lambda x: x[: static.rows], state[name]) for name in ROW_PARTS}
-    head = _decode(model, params, {**head, "clock": state["clock"]}, steps, eos, static)
+    head = _decode(model, params, {**head, "clock": state["clock"]}, steps, eos, allowed, static)
     out = _output(slots, static.step.decoding.capacity)
     whole = {**state, "out": out}
     put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=0, axis=0)
@@ -284,7 +355,13 @@ ROW_PARTS = ("states", "valid", "rows")
 
 
 def _decode(
-    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    steps: Any,
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
 ) -> dict[str, Any]:
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
@@ -303,7 +380,7 @@ def _decode(
         window = Window(ids, positions, valid, clock[None], clock)
         logits, states, _ = forward.decoder(window, state["states"], masked=static.step.attends)
         live = ~table["finished"]
-        chosen = _choose(logits, table, table["step"], live)
+        chosen = _choose(logits, table, table["step"], live, allowed)
         token = jnp.where(live, chosen["token"], table["last"])
         out = state["out"]
         written = {
@@ -403,6 +480,7 @@ class SlotEngine:
         program = model.program("serve_start", start_program)
         self.state = program(model.params, valid, table, static=self._decode_static)
         self.clock = 0  # the host's copy of the device's clock
+        self.vocab = int(self.state["rows"]["counts"].shape[1])
 
     def _replicate(self, tree: Any) -> Any:
         return mesh.replicate(tree, self.model.mesh)
@@ -412,18 +490,35 @@ class SlotEngine:
         return bucket(length, MIN_LENGTH_BUCKET)
 
     def admit(
-        self, row: int, ids: list[int], sampling: rows.Sampling, max_new: int
+        self,
+        row: int,
+        ids: list[int],
+        sampling: rows.Sampling,
+        max_new: int,
+        allowed: np.ndarray | None = None,
     ) -> dict[str, Any]:
-        """Prefill ``ids`` into ``row`` at the clock; returns its first token's choice on the host."""
+        """Prefill ``ids`` into ``row`` at the clock; returns its first token's choice on the host, made
+        among the tokens ``allowed`` (a packed bitmask, :func:`rows.allow`) lets it choose when given."""
         size = self.bucket(len(ids))
         padded = np.zeros((1, size), np.int32)
         mask = np.zeros((1, size), bool)
         padded[0, size - len(ids) :], mask[0, size - len(ids) :] = ids, True
         settings = {**sampling.arrays(), "limit": np.int32(max_new)}
         args = self._replicate((padded, mask, np.int32(row), settings))
-        program = self.model.program("serve_admit", admit_program, donate=("state",))
         static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
-        self.state, chosen = program(self.model.params, self.state, *args, self.eos, static=static)
+        if allowed is None:
+            program = self.model.program("serve_admit", admit_program, donate=("state",))
+            self.state, chosen = program(
+                self.model.params, self.state, *args, self.eos, static=static
+            )
+        else:
+            program = self.model.program(
+                "serve_admit_allowed", admit_allowed_program, donate=("state",)
+            )
+            bits = self._replicate(np.asarray(allowed, np.int32))
+            self.state, chosen = program(
+                self.model.params, self.state, *args, self.eos, bits, static=static
+            )
         return {name: np.asarray(value) for name, value in chosen.items()}
 
     def score(self, ids: list[int]) -> Scored:
@@ -444,20 +539,23 @@ class SlotEngine:
             np.asarray(chosen)[real], np.asarray(top_ids)[real], np.asarray(top_logprobs)[real]
         )
 
-    def decode(self, steps: int, rows: int) -> None:
+    def decode(self, steps: int, rows: int, allowed: np.ndarray | None = None) -> None:
         """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
-        waits for it). One program per power of two of rows."""
+        waits for it). One program per power of two of rows. With ``allowed`` (``[slots, ceil(vocab /
+        32)]``, :func:`rows.allow`'s bitmask), one step (``steps`` must be 1) of :func:`step_program`."""
         multiple = mesh.batch_multiple(self.model.mesh)
         rows = min(self.slots, -(-bucket(max(rows, 1), 1) // multiple) * multiple)
+        static = SlotStatic(self._decode_static, self._layout, rows)
+        if allowed is not None:
+            if steps != 1:
+                raise ValueError(f"a decode with allowed tokens runs one step, not {steps}")
+            program = self.model.program("serve_step", step_program, donate=("state",))
+            bits = self._replicate(np.asarray(allowed, np.int32))
+            self.state = program(self.model.params, self.state, self.eos, bits, static=static)
+            return
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit = self._replicate(np.int32(steps))
-        self.state = program(
-            self.model.params,
-            self.state,
-            limit,
-            self.eos,
-            static=SlotStatic(self._decode_static, self._layout, rows),
-        )
+        self.state = program(self.model.params, self.state, limit, self.eos, static=static)
 
     def read(self) -> Chunk:
         out, finished = self.state["out"], self.state["rows"]["finished"]
