@@ -894,3 +894,41 @@ def test_an_encoder_decoders_layer_outputs_are_transformers(backend, tmp_path_fa
             np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4, err_msg=name)
     decoder = ("decoder_hidden_states", "decoder_attentions", "cross_attentions")
     assert_layer_outputs_equal(got, want, np.ones((2, 1), np.int64), decoder)
+
+
+def test_a_callers_cache_continues_as_in_transformers(tiny):
+    """An earlier result's ``past_key_values`` (hfax's, or transformers' own ``DynamicCache``) with its
+    sequences continues as transformers continues it. hfax's prefill computes the cached tokens again from
+    the ids and checks they are the cache's: a cache of other tokens is refused once the prefill shows it;
+    one with other rows, nothing left to feed, or of another type before anything compiles."""
+    import copy
+
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    first = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    theirs = transformers_generate(reference, ids, mask, **first)
+    mine = model.generate(ids, attention_mask=mask, **first)
+    sequences = as_numpy(mine.sequences)
+    np.testing.assert_array_equal(sequences, theirs.sequences.numpy())
+    longer = np.concatenate([mask, np.ones((2, 4), mask.dtype)], axis=1)
+    then = dict(max_new_tokens=5, do_sample=False)
+    for cache in (mine.past_key_values, copy.deepcopy(theirs.past_key_values)):
+        got = model.generate(sequences, attention_mask=longer, past_key_values=cache, **then)
+        want = transformers_generate(
+            reference,
+            sequences,
+            longer,
+            past_key_values=copy.deepcopy(theirs.past_key_values),
+            **then,
+        )
+        np.testing.assert_array_equal(as_numpy(got), want.numpy())
+    other = sequences.copy()
+    other[:, -3] = (other[:, -3] + 1) % 128  # a cached token changed
+    with pytest.raises(ValueError, match="does not hold input_ids' first 9 tokens"):
+        model.generate(other, attention_mask=longer, past_key_values=mine.past_key_values, **then)
+    with pytest.raises(ValueError, match="rows"):
+        model.generate(sequences[:1], past_key_values=mine.past_key_values, **then)
+    with pytest.raises(ValueError, match="at least one more"):
+        model.generate(sequences[:, :9], past_key_values=mine.past_key_values, **then)
+    with pytest.raises(NotImplementedError, match="Cache"):
+        model.generate(sequences, past_key_values=((torch.zeros(1),),), **then)

@@ -237,6 +237,8 @@ def _run(
     chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
+    if request.cache is not None:
+        _check_callers_cache(engine, run, request, prompt)
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
     done = ends.copy()  # where transformers counts each row done: the call ends once every row is
     sent = 0
@@ -275,6 +277,35 @@ def _run(
         step = int(min(step, done.max()))
     state["ends"] = ends
     return run, state, step
+
+
+def _check_callers_cache(engine: Engine, run: Any, request: settings.Request, prompt: int) -> None:
+    """The caller's cache must be the record of the prompt's first tokens, which hfax's prefill has just
+    computed again from the ids (its cache lives on device, in its own layout): the first layer that holds
+    every cached token must hold, at every real position, the keys and values the prefill wrote (within
+    16-bit rounding). Else the cache came from other tokens, positions or weights, and is refused."""
+    length = request.cached
+    start = prompt - request.ids.shape[1]
+    ours = engine.cache(run, request.rows, start, start + length)
+    if ours is None:
+        raise NotImplementedError(
+            "hfax's generate takes a caller's cache for models whose cache holds keys and values only"
+        )
+    real = request.mask[:: request.expand, :length]
+    for index, (mine, theirs) in enumerate(zip(ours.layers, request.cache.layers)):
+        given = getattr(theirs, "keys", None)
+        if given is None or given.shape[2] != length or mine.keys.shape[2] != length:
+            continue  # a sliding layer keeps its window only
+        for name in ("keys", "values"):
+            a = getattr(mine, name)[:: request.expand].float().numpy().transpose(0, 2, 1, 3)[real]
+            b = getattr(theirs, name).detach().cpu().float().numpy().transpose(0, 2, 1, 3)[real]
+            if a.shape != b.shape or not np.allclose(a, b, rtol=2e-2, atol=2e-2 * np.abs(b).max()):
+                raise ValueError(
+                    f"past_key_values does not hold input_ids' first {length} tokens (layer {index}'s "
+                    f"{name} differ from what this model computes for them): pass the ids the cache was "
+                    "made from, e.g. an earlier result's sequences with its past_key_values"
+                )
+        return
 
 
 def _padded_rows(rows: np.ndarray, total: int) -> np.ndarray:

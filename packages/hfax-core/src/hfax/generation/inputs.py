@@ -20,8 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: Why ``generate`` does not take a cache, whatever the forward calls it (:func:`collect`).
-CACHE_REFUSED = "hfax's generate keeps its own cache on device"
+#: Why ``generate`` does not take a cache other than a transformers ``Cache`` (:func:`callers_cache`).
+CACHE_REFUSED = (
+    "hfax's generate keeps its own cache on device and takes a caller's only as a transformers Cache "
+    "(an earlier result's past_key_values)"
+)
 
 #: Forward inputs ``generate`` does not take, with why (the cache besides, by its type).
 REFUSED_INPUTS = {
@@ -55,16 +58,43 @@ def _check_unpadded_decoder_mask(mask: np.ndarray, decoder_ids: Any) -> None:
 PASSED_ON_SETTINGS = frozenset({"output_attentions", "output_hidden_states"})
 
 
+def callers_cache(module: Any, leftovers: dict[str, Any]) -> Any:
+    """The cache the caller handed ``generate`` (under the name the model's forward gives it, or
+    ``past_key_values``), taken out of ``leftovers``: a transformers ``Cache`` of a decoder-only model, or ``None``; anything else is
+    refused, naming why."""
+    from transformers.cache_utils import Cache, EncoderDecoderCache
+
+    from hfax.signatures import cache_parameter
+
+    # transformers 5.24 names it ``cache`` and still takes ``past_key_values``, deprecated.
+    names = {cache_parameter(module.forward), "past_key_values"} - {""}
+    given = [
+        value
+        for value in (leftovers.pop(name, None) for name in sorted(names))
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"pass one cache, as {' or '.join(sorted(names))}, not several")
+    cache = given[0] if given else None
+    if cache is None:
+        return None
+    if isinstance(cache, EncoderDecoderCache):
+        raise NotImplementedError(
+            "hfax's generate takes a caller's cache for decoder-only models; for an encoder-decoder, "
+            "pass the inputs alone (its encoder and decoder prompt run again in prefill)"
+        )
+    if not isinstance(cache, Cache):
+        raise NotImplementedError(
+            f"hfax's generate does not take a {type(cache).__name__} cache: {CACHE_REFUSED}"
+        )
+    return cache
+
+
 def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model inputs among what transformers left over from the generation settings, as numpy arrays;
     anything else is an error naming it."""
-    from hfax.signatures import cache_parameter
-
     accepted = set(inspect.signature(module.forward).parameters)
-    refused = {
-        **REFUSED_INPUTS,
-        cache_parameter(module.forward) or "past_key_values": CACHE_REFUSED,
-    }
+    refused = REFUSED_INPUTS  # the cache is taken out before (callers_cache)
     found = {}
     for name in sorted(set(leftovers) - PASSED_ON_SETTINGS):
         value = leftovers[name]

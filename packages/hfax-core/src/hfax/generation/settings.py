@@ -67,7 +67,9 @@ class Request:
     ``pad_stopped`` whether a row they stop is padded from there on (transformers pads only when its
     criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done.
     ``finish`` turns the sequences into the model's own result where its ``generate`` differs (its family's
-    :attr:`~hfax.generation.traits.GenerationTraits.result`).
+    :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
+    ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``): the
+    prefill computes those tokens again from the ids and the driver checks they are the cache's.
     """
 
     ids: np.ndarray
@@ -91,6 +93,8 @@ class Request:
     vocab: int = 0
     inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     finish: Any = None
+    cache: Any = None
+    cached: int = 0
 
     @property
     def rows(self) -> int:
@@ -316,6 +320,7 @@ def prepare(
     mode = _check_fields(
         config, features
     )  # first: it names settings transformers passes on as inputs
+    cache = model_inputs.callers_cache(module, leftovers)
     extra = model_inputs.collect(module, leftovers)
     _check_ranges(config)
     _check_token_ids(config)
@@ -368,6 +373,7 @@ def prepare(
             )
         mask = np.ones_like(ids, dtype=bool)
     width = 0 if embedded else ids.shape[1]
+    cached = _cached_length(cache, ids, embeds is not None, features)
     if traits.result is not None:
         result = traits.result
         finish = lambda sequences: result(sequences, width, eos, filler)  # noqa: E731
@@ -439,6 +445,8 @@ def prepare(
         vocab=vocab,
         inputs=extra,
         finish=finish,
+        cache=cache if cached else None,
+        cached=cached,
     )
 
 
@@ -473,6 +481,37 @@ def _host_criteria(built: Any, own: list[Any]) -> tuple[Any, ...]:
             )
     stop = [criterion for criterion in built if type(criterion).__name__ == "StopStringCriteria"]
     return (*stop, *own)
+
+
+def _cached_length(cache: Any, ids: np.ndarray, embedded: bool, features: frozenset[str]) -> int:
+    """How many of the prompt's first tokens the caller's ``cache`` holds (0 for none or an empty one), or
+    an error before anything compiles: the cache has the prompt's rows and leaves at least one token to
+    feed, as transformers requires; the engine can hand caches back (``"cache_output"``), which the check
+    of its contents needs."""
+    if cache is None:
+        return 0
+    length = int(cache.get_seq_length())
+    if length == 0:
+        return 0
+    if embedded:
+        raise NotImplementedError(
+            "hfax's generate takes a caller's cache with input_ids, not with inputs_embeds"
+        )
+    if "cache_output" not in features:
+        raise NotImplementedError("this backend's generate does not take a caller's cache")
+    rows = (
+        cache.layers[0].keys.shape[0]
+        if getattr(cache.layers[0], "keys", None) is not None
+        else None
+    )
+    if rows is not None and rows != ids.shape[0]:
+        raise ValueError(f"past_key_values holds {rows} rows but input_ids has {ids.shape[0]}")
+    if length >= ids.shape[1]:
+        raise ValueError(
+            f"past_key_values holds {length} tokens and input_ids {ids.shape[1]}: input_ids must hold the "
+            "cached tokens and at least one more (the earlier result's sequences)"
+        )
+    return length
 
 
 def _check_embeddings(
