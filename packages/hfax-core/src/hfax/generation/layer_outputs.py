@@ -75,6 +75,19 @@ def asked(decoding: Any, encoder_decoder: bool) -> list[str]:
     ]
 
 
+def flags(decoding: Any, module: Any) -> dict[str, bool]:
+    """The forward's keyword arguments that make it return what ``decoding`` records. Attentions are asked
+    only of transformers' ``"eager"`` attention, the one that computes them: the others return none (and
+    sdpa logs so from inside the traced step, which torch_xla's dynamo cannot trace)."""
+    config = module.config.get_text_config(decoder=True)
+    eager = getattr(config, "_attn_implementation", "eager") == "eager"
+    return {
+        field: True
+        for name, field in ASKED_BY.items()
+        if getattr(decoding, name) and (name != "attentions" or eager)
+    }
+
+
 def stacked(layers: Any) -> Any:
     """A forward's per-layer outputs (a tuple of tensors) as one float32 tensor with the layers first;
     ``None`` when the attention function returned none (``"sdpa"``: ``None`` per layer, or no tuple)."""
@@ -100,8 +113,8 @@ def start(prompt: dict[str, Any], capacity: int) -> dict[str, Any]:
             continue
         if kind == "hidden":  # [layers + 1, rows, bucket, hidden]
             shape: tuple[int, ...] = (capacity, layers, rows, value.shape[3])
-        else:  # [layers, rows, heads, bucket, keys]: a self-attention's keys grow by the capacity
-            keys = value.shape[4] + (capacity if kind == "self" else 0)
+        else:  # [layers, rows, heads, bucket, keys]: a self-attention's keys, every slot of the cache
+            keys = value.shape[3] + capacity if kind == "self" else value.shape[4]
             shape = (capacity, layers, rows, value.shape[2], keys)
         buffers[name] = torch.zeros(shape, dtype=torch.float32, device=value.device)
     return buffers
@@ -167,7 +180,7 @@ def assemble(
             if not use_cache:  # every position so far, at every step
                 per_step = [np.concatenate(per_step[: s + 1], axis=2) for s in range(steps)]
         elif kind == "self":
-            per_step = [prompt[:, :rows, :, first:, first:]] + [
+            per_step = [prompt[:, :rows, :, first:, first:bucket]] + [
                 decoded[s - 1][:, :rows, :, None, first : bucket + s] for s in range(1, steps)
             ]
             if not use_cache:

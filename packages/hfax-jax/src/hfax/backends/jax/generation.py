@@ -135,13 +135,17 @@ class Forward:
             kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
             if tinputs is not None and "inputs_embeds" in tinputs:  # the prompt as embeddings
                 del kwargs["input_ids"]
-            asked = layer_outputs.asked(static.decoding, encoder_decoder=False)
-            kwargs.update({layer_outputs.ASKED_BY[name]: True for name in asked})
+            asked = layer_outputs.flags(static.decoding, self.model.module)
+            kwargs.update(asked)
             # Multimodal positions among the inputs replace the plain ones.
             output = self._call(tparams, kwargs, cache, twindow.positions, tinputs, every=every)
             logits = output.logits if at is not None or every else output.logits[:, -1, :]
             new_states = cache.states(after=output.logits) if cache is not None else []
-            recorded = {name: layer_outputs.stacked(getattr(output, name)) for name in asked}
+            recorded = {
+                name: layer_outputs.stacked(getattr(output, name))
+                for name, flag in layer_outputs.ASKED_BY.items()
+                if flag in asked
+            }
             logits, new_states, recorded = to_array((logits, new_states, recorded))
         if at is not None:
             logits = jax.lax.dynamic_index_in_dim(logits, at, axis=1, keepdims=False)
@@ -156,12 +160,12 @@ class Forward:
         encoder's output, which the decode loop carries, and the per-layer outputs the decoding records
         (the encoder's on the first step; :mod:`hfax.generation.layer_outputs`)."""
         decoding = self.static.decoding
-        asked = layer_outputs.asked(decoding, encoder_decoder=True)
-        flags = {
-            layer_outputs.ASKED_BY[name]: True
-            for name in ("hidden_states", "attentions")
-            if getattr(decoding, name)
-        }
+        flags = layer_outputs.flags(decoding, self.model.module)
+        asked = [
+            field
+            for field in layer_outputs.asked(decoding, encoder_decoder=True)
+            if "attentions" not in field or "output_attentions" in flags
+        ]
         recorded: dict[str, Any] = {}
         with env(), lowerings.row_products(self.layout.row_products):
             tparams = self._torch_params()

@@ -44,7 +44,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 
 from hfax import masks
 from hfax.backends.torchxla import linear, runtime
-from hfax.generation import driver, shapes, tokens
+from hfax.generation import driver, layer_outputs, shapes, tokens
 from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import STREAM_CHUNK, accepts
 from hfax.generation.traits import Appended, generation_traits
@@ -150,9 +150,10 @@ def _logits(
     inputs: dict[str, Any] | None = None,
     source: dict[str, Any] | None = None,
     at: Any = None,
-) -> Any:
+) -> tuple[Any, dict[str, Any]]:
     """One forward over ``ids`` written at ``query_slots`` of the cache; the last position's logits, or
-    position ``at``'s (``[1]``: a model without a cache reads the whole sequence).
+    position ``at``'s (``[1]``: a model without a cache reads the whole sequence), and the per-layer
+    outputs the decoding records (:mod:`hfax.generation.layer_outputs`; ``{}`` when it records none).
     ``inputs`` are the model's other inputs (images, ...: prefill only); ``source`` an encoder-decoder's
     encoder output (``encoded``) and the encoder's padding mask (``mask``, absent for features)."""
     inputs = inputs or {}
@@ -190,8 +191,16 @@ def _logits(
     if "inputs_embeds" in inputs:  # the prompt as embeddings, in the weights' dtype
         del kwargs["input_ids"]
         kwargs["inputs_embeds"] = inputs["inputs_embeds"].to(module.dtype)
-    logits = module(**kwargs).logits
-    return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :]
+    asked = layer_outputs.flags(static.decoding, module)
+    kwargs.update(asked)
+    output = module(**kwargs)
+    logits = output.logits
+    recorded = {
+        name: layer_outputs.stacked(getattr(output, name))
+        for name, flag in layer_outputs.ASKED_BY.items()
+        if flag in asked
+    }
+    return logits[:, -1, :] if at is None else logits.index_select(1, at)[:, 0, :], recorded
 
 
 def prefill(
@@ -227,8 +236,12 @@ def prefill(
         valid = torch.cat([prompt_mask, torch.ones_like(prompt_mask[:, :1])], 1)
         positions = torch.where(valid, valid.long().cumsum(1) - 1, 1)
         query_slots = torch.arange(length + 1, device=ids.device)
-    logits = _logits(module, cache, read, positions, valid, query_slots, static, inputs, source)
-    return tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
+    logits, recorded = _logits(
+        module, cache, read, positions, valid, query_slots, static, inputs, source
+    )
+    chosen = tokens.start(ids, prompt_mask, logits, static.decoding, arrays)
+    # The per-layer outputs asked for travel with the token state, which the driver reads.
+    return {**chosen, **layer_outputs.start(recorded, static.decoding.capacity)}
 
 
 def encode(module: Any, source: dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +282,7 @@ def decode_step(
         positions = (seen + step - 1).view(rows, 1)
         # A purely recurrent model decodes without a mask, as transformers' generate drops it after the
         # prompt: Mamba multiplies its one token's input by the whole 2-D mask, broadcasting it to every slot.
-        logits = _logits(
+        logits, recorded = _logits(
             module,
             cache,
             last,
@@ -288,11 +301,12 @@ def decode_step(
             ids = torch.where(slots == last, static.appended.token, ids)
         so_far = valid & (slots <= last)[None]
         positions = torch.where(so_far, so_far.long().cumsum(1) - 1, 1)
-        logits = _logits(
+        logits, recorded = _logits(
             module, None, ids, positions, so_far, slots, static, source=source, at=last
         )
     going = tokens.running(chosen, limit.reshape(()))
     advanced, reorder = tokens.advance(chosen, logits, decoding, arrays)
+    advanced = layer_outputs.write(advanced, recorded, step)
     if (
         reorder is not None and cache is not None
     ):  # beams: every row's cache follows the beam it extends
@@ -465,7 +479,7 @@ class TorchXlaEngine:
     cross-attention cache prefill filled.
     """
 
-    features = frozenset({"beams", "encoder_decoder", "cache_output"})
+    features = frozenset({"beams", "encoder_decoder", "cache_output", "layer_outputs"})
     row_multiple = 1
 
     def __init__(self, model: Any) -> None:
@@ -510,6 +524,7 @@ class TorchXlaEngine:
             else generation_traits(model.module).appended,
         )
         static = _STATICS.setdefault(static, static)
+        _check_recordable(static)
         device = runtime.device()
         arrays = _on_device(padded.arrays, device)
         cache = (
@@ -638,6 +653,27 @@ class TorchXlaEngine:
     def counters(self) -> tuple[int, float]:
         counters = runtime.counters()
         return counters.compiles, counters.compile_seconds + _trace_seconds[0]
+
+
+def _check_recordable(static: Static) -> None:
+    """Refuse, before compiling, per-layer outputs this engine does not record: an encoder-decoder's (its
+    encoder runs apart from the decoder's steps here), and those of a model whose decode step is not one
+    token fed through a cache."""
+    decoding = static.decoding
+    if not (decoding.hidden_states or decoding.attentions):
+        return
+    if static.encoder_decoder:
+        raise NotImplementedError(
+            "generate on torch_xla records output_hidden_states / output_attentions for decoder-only "
+            "models; for an encoder-decoder use the JAX backend, or run the model's forward on the "
+            "sequences generate returns"
+        )
+    if not static.cache_argument or static.appended is not None:
+        raise NotImplementedError(
+            "hfax's generate records output_hidden_states / output_attentions for models that decode one "
+            "token at a time through a cache; this one reads the whole sequence at every step. Run the "
+            "model's forward on the sequences generate returns to get them"
+        )
 
 
 def _grown_inputs(padded: driver.PaddedRequest, grow: int) -> dict[str, np.ndarray]:
