@@ -148,7 +148,7 @@ def one_request(port: int, ids: list[int], max_tokens: int) -> dict[str, float]:
             continue
         now = time.perf_counter()
         first, last = first or now, now
-        if b'"usage":{' in line:
+        if b'"usage": {' in line or b'"usage":{' in line:
             usage = line
     connection.close()
     tokens = json.loads(usage[len(b"data: ") :])["usage"]["completion_tokens"] if usage else 0
@@ -162,6 +162,7 @@ def load(port: int, clients: int, requests: int, max_tokens: int) -> dict[str, A
         results = list(pool.map(lambda job: one_request(port, *job), jobs))
     elapsed = time.perf_counter() - started
     tokens = sum(r["tokens"] for r in results)
+    # Per request, its first to last event over the tokens between (the server may send several per event).
     itl = [(r["last"] - r["first"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
     return {
         "clients": clients,
