@@ -43,9 +43,12 @@ class StandInEngine:
     """A :class:`hfax.generation.slots.SlotEngine` whose steps cost nothing: every busy row gets
     ``steps`` new tokens per :meth:`decode` (fewer at its limit), counting up through the vocabulary's
     words; the clock moves as a real engine's does, so the scheduler places, shifts and packs rows as it
-    would on a device. Never EOS: a request ends at its ``max_tokens``."""
+    would on a device. Never EOS: a request ends at its ``max_tokens``. ``step_s`` makes :meth:`read` wait
+    that long per step, without the GIL, as a device's step would (0: the host alone bounds the rate, and
+    the scheduler's thread competes with the HTTP layer's for the interpreter all the time)."""
 
-    def __init__(self, slots: int, length: int, chunk: int) -> None:
+    def __init__(self, slots: int, length: int, chunk: int, step_s: float = 0.0) -> None:
+        self.step_s = step_s
         self.slots, self.length, self.chunk, self.clock, self.vocab = slots, length, chunk, 0, VOCAB
         self.left = np.zeros((slots,), np.int64)  # new tokens each row may still make
         self.next = np.zeros((slots,), np.int64)
@@ -82,6 +85,8 @@ class StandInEngine:
         from hfax.generation.slots import Chunk
 
         steps, slots = self.steps, self.slots
+        if self.step_s:
+            time.sleep(self.step_s * steps)
         count = np.zeros((slots,), np.int32)
         count[: self.rows] = np.minimum(self.left[: self.rows], steps)
         tokens = np.zeros((slots, steps), np.int32)
@@ -115,7 +120,7 @@ class StandInEngine:
         return 0, 0.0
 
 
-def serve_stand_in(port: int, slots: int, length: int, chunk: int) -> None:
+def serve_stand_in(port: int, slots: int, length: int, chunk: int, step_s: float) -> None:
     """``hfax serve``'s app and scheduler over :class:`StandInEngine`, on 127.0.0.1:``port``."""
     import uvicorn
 
@@ -124,7 +129,7 @@ def serve_stand_in(port: int, slots: int, length: int, chunk: int) -> None:
     from hfax.testing import save_tiny_tokenizer
 
     tokenizer = save_tiny_tokenizer(tempfile.mkdtemp(prefix="hfax-serve-host-"), VOCAB)
-    scheduler = Scheduler(StandInEngine(slots, length, chunk), [], max_queue=4096)
+    scheduler = Scheduler(StandInEngine(slots, length, chunk, step_s), [], max_queue=4096)
     server = Server(scheduler, tokenizer, "stand-in", length)
     uvicorn.run(build(server), host="127.0.0.1", port=port, log_level="warning")
 
@@ -189,18 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chunk", type=int, default=4, help="decode steps per chunk, as hfax serve's engine"
     )
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="the stand-in's time per decode step (0: none)"
+    )
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--stand-in-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     length = 16 + args.max_tokens
     if args.stand_in_server:
-        serve_stand_in(args.stand_in_server, args.slots, length, args.chunk)
+        serve_stand_in(args.stand_in_server, args.slots, length, args.chunk, args.step_ms / 1000)
         return 0
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, __file__, "--stand-in-server", str(port), "--slots", str(args.slots),
-               "--chunk", str(args.chunk), "--max-tokens", str(args.max_tokens)]  # fmt: skip
+               "--chunk", str(args.chunk), "--max-tokens", str(args.max_tokens),
+               "--step-ms", str(args.step_ms)]  # fmt: skip
     server = subprocess.Popen(command)
     try:
         for _ in range(120):
@@ -223,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         server.terminate()
         server.wait(timeout=60)
     if args.json:
-        args.json.write_text(json.dumps({"max_tokens": args.max_tokens, "rows": rows}, indent=1))
+        record = {"max_tokens": args.max_tokens, "step_ms": args.step_ms, "rows": rows}
+        args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 

@@ -26,19 +26,39 @@ from hfax.serve.scheduler import Event, QueueFull, Scheduler, Sequence
 
 
 class Text:
-    """One choice's text as tokens arrive: decoded whole each time (so multi-token characters come out
-    right), cut at the first ``stop`` string, and held back while its end could still start one."""
+    """One choice's text as tokens arrive, cut at the first ``stop`` string and held back while its end
+    could still start one.
+
+    Decoded incrementally, so a token costs the same however long the text already is: each new piece is
+    the decoding of the tokens since the last settled point minus that of the tokens before them, read from
+    one settled piece back (a tokenizer may write a token differently at the start of a text: a leading
+    space, a byte of a character). The new tokens settle once their decoding ends in a whole character
+    (no ``\ufffd``); until then they wait. Where a decoder's pieces do not add up to its whole decoding,
+    the whole text is decoded again."""
 
     def __init__(self, tokenizer: Any, stop: list[str]) -> None:
         self.tokenizer, self.stop = tokenizer, stop
         self.ids: list[int] = []
+        self.text = ""  # the settled tokens' text
+        self.prefix = self.read = 0  # the piece before the settled point starts at ``prefix``
         self.sent = 0  # characters already handed out
         self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, ids: list[int], final: bool) -> str:
         """The new text that may be sent after ``ids``; everything left when ``final``."""
         self.ids += ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if final or (len(after) > len(before) and not after.endswith("\ufffd")):
+            if after.startswith(before):
+                self.text += after[len(before) :]
+            else:
+                self.text = self._decode(self.ids)
+            self.prefix, self.read = self.read, len(self.ids)
+        text = self.text
         for stop in self.stop:
             at = text.find(stop, max(0, self.sent - len(stop) + 1))
             if at >= 0:
@@ -111,9 +131,12 @@ class Server:
             )
         return scored
 
-    async def run(self, job: Job, disconnected: Any) -> AsyncIterator[tuple[Choice, Event, str]]:
-        """Queue ``job``'s choices and yield ``(choice, event, new text)`` as tokens arrive, until every
-        choice finished; cancels them all if the consumer stops early or ``disconnected()`` says so."""
+    async def run(
+        self, job: Job, disconnected: Any
+    ) -> AsyncIterator[tuple[Choice, Event, str, bool]]:
+        """Queue ``job``'s choices and yield ``(choice, event, new text, more)`` as tokens arrive, until
+        every choice finished; ``more`` says another event is already waiting (a consumer behind may
+        write them together). Cancels them all if the consumer stops early or ``disconnected()`` says so."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         constraints: list[Constraint | None] = [None] * job.choices
@@ -156,7 +179,7 @@ class Server:
                         status=500,
                         kind="server_error",
                     )
-                yield choice, event, text
+                yield choice, event, text, not queue.empty()
         finally:
             for choice in choices:
                 if choice.finish is None:
@@ -166,6 +189,8 @@ class Server:
 
 async def _next(queue: asyncio.Queue, disconnected: Any) -> tuple[Choice, Event]:
     """The next event, checking every half second whether the client went away."""
+    if not queue.empty():  # no timer for an event already there
+        return queue.get_nowait()
     while True:
         try:
             return await asyncio.wait_for(queue.get(), timeout=0.5)
@@ -269,7 +294,7 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     events = server.run(job, disconnected) if job.max_new else _nothing()
     if not job.max_new:
         reasons = dict.fromkeys(range(job.choices), "length")
-    async for choice, event, text in events:
+    async for choice, event, text, _ in events:
         texts[choice.index].append(text)
         if job.logprobs is not None and event.ids:
             offset = sum(len(t) for t in texts[choice.index][:-1])
@@ -298,7 +323,7 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     }
 
 
-async def _nothing() -> AsyncIterator[tuple[Choice, Event, str]]:
+async def _nothing() -> AsyncIterator[tuple[Choice, Event, str, bool]]:
     """No tokens: what ``max_tokens: 0`` with ``echo`` asks for."""
     return
     yield
@@ -309,8 +334,15 @@ def _head(server: Server, job: Job) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.name}
 
 
+#: The most events one write of a stream holds (:func:`stream`).
+CATCH_UP = 8
+
+
 async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[str]:
-    """The response as server-sent events: one chunk per choice and decode chunk, ``[DONE]`` last."""
+    """The response as server-sent events: one chunk per choice and decode chunk, ``[DONE]`` last. Events
+    already waiting when one is written go out with it, in one write of up to :data:`CATCH_UP`: a stream
+    that fell behind (many rows, a slow reader) costs one write per catch-up, not one per decode chunk.
+    The first one goes out alone, at once."""
     head = {
         **_head(server, job),
         "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
@@ -320,7 +352,9 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
     tokens, finished = 0, 0
     greeted: set[int] = set()
     try:
-        async for choice, event, text in server.run(job, disconnected):
+        waiting: list[str] = []
+        first = True
+        async for choice, event, text, more in server.run(job, disconnected):
             body: dict[str, Any] = {"index": choice.index, "finish_reason": _finish(event.finish)}
             if job.kind == "chat":
                 delta = {"content": text} if text else {}
@@ -339,15 +373,22 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
                 )
             body["logprobs"] = part
             offsets[choice.index] += len(text)
-            if not text and not event.ids and event.finish is None:
-                continue
-            chunk = {**head, "choices": [body]}
-            if event.finish is not None:
-                tokens += choice.tokens
-                finished += 1
-                if finished == job.choices and not job.include_usage:
-                    chunk["usage"] = usage(job, tokens)
-            yield _event(chunk)
+            if text or event.ids or event.finish is not None:
+                chunk = {**head, "choices": [body]}
+                if event.finish is not None:
+                    tokens += choice.tokens
+                    finished += 1
+                    if finished == job.choices and not job.include_usage:
+                        chunk["usage"] = usage(job, tokens)
+                waiting.append(_event(chunk))
+            # Out now when nothing else waits, for a choice's first text (its time to first token), or
+            # once a catch-up is long enough that holding more would delay its tokens.
+            if waiting and (not more or first or len(waiting) >= CATCH_UP):
+                first = False
+                yield "".join(waiting)
+                waiting.clear()
+        if waiting:
+            yield "".join(waiting)
         if job.include_usage:
             yield _event({**head, "choices": [], "usage": usage(job, tokens)})
     except APIError as error:
