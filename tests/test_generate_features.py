@@ -924,3 +924,61 @@ def test_a_callers_cache_continues_as_in_transformers(tiny):
         model.generate(sequences[:, :9], past_key_values=mine.past_key_values, **then)
     with pytest.raises(NotImplementedError, match="Cache"):
         model.generate(sequences, past_key_values=((torch.zeros(1),),), **then)
+
+
+def test_the_callers_position_ids_are_read_and_continued_as_in_transformers(tiny):
+    """``position_ids`` for the prompt: read as given in prefill, and each new token's position goes on
+    from its row's last one, as transformers' generate does: those inferred from the mask give the tokens
+    of a call without them; shifted ones give transformers' tokens for them. (3-D multimodal positions are
+    hfax's own, from the model's ``get_rope_index``, and refused by name.)"""
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    inferred = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)
+    options = dict(max_new_tokens=6, do_sample=False)
+    plain = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    for positions in (inferred, inferred + 7 * mask):
+        want = transformers_generate(
+            reference, ids, mask, position_ids=torch.as_tensor(positions), **options
+        ).numpy()
+        got = as_numpy(model.generate(ids, attention_mask=mask, position_ids=positions, **options))
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, attention_mask=mask, position_ids=inferred, **options)), plain
+    )
+    with pytest.raises(ValueError, match="one position per token"):
+        model.generate(ids, attention_mask=mask, position_ids=inferred[:, 1:], **options)
+    _, seq2seq = tiny("bart")  # its forward takes none
+    with pytest.raises(TypeError, match="'position_ids'"):
+        seq2seq.generate(ids, position_ids=inferred, max_new_tokens=3)
+
+
+def test_a_negative_pad_id_pads_finished_rows_as_in_transformers(tiny):
+    """transformers' own tests set ``pad_token_id=-1``, and hfax takes it: a row that finished is padded
+    with it. (transformers feeds that -1 back to the model when other rows go on, and its embedding fails;
+    one row alone ends with the call. hfax's device buffers hold a token of the vocabulary instead.)"""
+    reference, model = tiny("llama")
+    options = dict(max_new_tokens=10, eos_token_id=[3, 10, 77], pad_token_id=-1)
+    for prompt in PROMPTS:
+        ids = np.array([prompt])
+        np.testing.assert_array_equal(
+            as_numpy(model.generate(ids, **options)),
+            transformers_generate(reference, ids, **options).numpy(),
+        )
+    ids, mask = left_padded(PROMPTS)
+    got = as_numpy(model.generate(ids, attention_mask=mask, **options))
+    for row, prompt in enumerate(PROMPTS):  # each row as alone, padded with -1 after its EOS
+        alone = as_numpy(model.generate(np.array([prompt]), **options))[0, len(prompt) :]
+        new = got[row, ids.shape[1] :]
+        np.testing.assert_array_equal(new[: len(alone)], alone)
+        assert (new[len(alone) :] == -1).all()
+
+
+def test_a_result_from_embeddings_alone_takes_their_array_type(tiny):
+    reference, model = tiny("llama")
+    with torch.no_grad():
+        embeds = reference.get_input_embeddings()(torch.as_tensor([PROMPTS[0]]))
+    got = model.generate(inputs_embeds=embeds, max_new_tokens=3)
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(
+        got.numpy(), reference.generate(inputs_embeds=embeds, max_new_tokens=3).numpy()
+    )

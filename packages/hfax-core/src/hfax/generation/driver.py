@@ -125,6 +125,8 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         rope = model_inputs.positions(model.module, ids, mask, inputs)
         if rope is not None:
             inputs["position_ids"], offsets = rope
+        elif "position_ids" in inputs:  # the caller's: later tokens go on from each row's last one
+            offsets = (inputs["position_ids"][:, -1] + 1 - mask.sum(1)).astype(np.int32)
     config = request.config
     keep = max(2, 1 + len(request.eos)) * request.num_beams
     decoding = tokens.Decoding(
@@ -184,8 +186,12 @@ def generate(
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
-    if input_ids is None:  # an encoder's features (speech): the result takes their array type
-        input_ids = options.get(getattr(model.module, "main_input_name", ""))
+    if (
+        input_ids is None
+    ):  # embeddings, or an encoder's features (speech): the result takes their type
+        input_ids = options.get("inputs_embeds")
+        if input_ids is None:
+            input_ids = options.get(getattr(model.module, "main_input_name", ""))
     kind = outputs.array_kind(input_ids)
     started, (compiles, compile_seconds) = time.perf_counter(), engine.counters()
     if streamer is not None:

@@ -29,7 +29,6 @@ CACHE_REFUSED = (
 #: Forward inputs ``generate`` does not take, with why (the cache besides, by its type).
 REFUSED_INPUTS = {
     "cache_position": "hfax's generate places tokens in its own cache",
-    "position_ids": "hfax's generate computes positions from the attention mask",
     "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
     "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding (a mask of ones)",
     "decoder_inputs_embeds": "hfax's generate starts from token ids",

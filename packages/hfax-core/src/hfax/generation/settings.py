@@ -189,13 +189,14 @@ TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_t
 def _check_token_ids(config: Any) -> None:
     """Every token-id field holds token ids. A negative EOS id is one transformers takes too: it never
     matches a token, so generation runs to its length (transformers warns so, and so does hfax through its
-    ``_prepare_special_tokens``)."""
+    ``_prepare_special_tokens``). A negative pad id too (transformers' tests use -1): finished rows and
+    the result are padded with it, and the device's buffers hold a token of the vocabulary instead."""
     for name in TOKEN_FIELDS:
         value = getattr(config, name, None)
         values = value if isinstance(value, (list, tuple)) else [value]
         valid, what = (
             (_is_integer, "an integer")
-            if name == "eos_token_id"
+            if name in ("eos_token_id", "pad_token_id")
             else (_is_count, "an integer >= 0")
         )
         if value is not None and not all(valid(v) for v in values):
@@ -374,6 +375,8 @@ def prepare(
         mask = np.ones_like(ids, dtype=bool)
     width = 0 if embedded else ids.shape[1]
     cached = _cached_length(cache, ids, embeds is not None, features)
+    if "position_ids" in extra:
+        _check_given_positions(module, extra["position_ids"], ids, encoder_decoder)
     if traits.result is not None:
         result = traits.result
         finish = lambda sequences: result(sequences, width, eos, filler)  # noqa: E731
@@ -481,6 +484,23 @@ def _host_criteria(built: Any, own: list[Any]) -> tuple[Any, ...]:
             )
     stop = [criterion for criterion in built if type(criterion).__name__ == "StopStringCriteria"]
     return (*stop, *own)
+
+
+def _check_given_positions(
+    module: Any, positions: np.ndarray, ids: np.ndarray, encoder_decoder: bool
+) -> None:
+    """The caller's ``position_ids``: one per prompt token (``[batch, length]``), which the prefill reads
+    as given and the new tokens go on from, as transformers does; multimodal (3-D) positions and an
+    encoder-decoder's are refused, since hfax computes those itself."""
+    if encoder_decoder or model_inputs.rope_index(module) is not None:
+        raise NotImplementedError(
+            "hfax's generate computes this model's positions itself (multimodal rotary positions, or an "
+            "encoder-decoder's decoder): leave position_ids out"
+        )
+    if positions.shape != ids.shape:
+        raise ValueError(
+            f"position_ids has shape {positions.shape} but the prompt {ids.shape}: one position per token"
+        )
 
 
 def _cached_length(cache: Any, ids: np.ndarray, embedded: bool, features: frozenset[str]) -> int:
