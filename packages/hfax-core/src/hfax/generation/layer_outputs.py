@@ -79,8 +79,11 @@ def flags(decoding: Any, module: Any) -> dict[str, bool]:
     """The forward's keyword arguments that make it return what ``decoding`` records. Attentions are asked
     only of transformers' ``"eager"`` attention, the one that computes them: the others return none (and
     sdpa logs so from inside the traced step, which torch_xla's dynamo cannot trace)."""
-    config = module.config.get_text_config(decoder=True)
-    eager = getattr(config, "_attn_implementation", "eager") == "eager"
+    if not any(getattr(decoding, name) for name in ASKED_BY):
+        return {}
+    # The model's own config, not ``get_text_config()``: that may copy it, which a traced step (torch_xla's
+    # dynamo) cannot; a composite config's implementation is its sub-configs' unless set apart.
+    eager = getattr(module.config, "_attn_implementation", "eager") == "eager"
     return {
         field: True
         for name, field in ASKED_BY.items()
