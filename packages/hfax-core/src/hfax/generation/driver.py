@@ -186,9 +186,7 @@ def generate(
     """transformers' ``generate`` on ``engine``: see the module docstring."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
-    if (
-        input_ids is None
-    ):  # embeddings, or an encoder's features (speech): the result takes their type
+    if input_ids is None:  # embeddings, or an encoder's features: the result takes their type
         input_ids = options.get("inputs_embeds")
         if input_ids is None:
             input_ids = options.get(getattr(model.module, "main_input_name", ""))
