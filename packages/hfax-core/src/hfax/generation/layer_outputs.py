@@ -75,6 +75,27 @@ def asked(decoding: Any, encoder_decoder: bool) -> list[str]:
     ]
 
 
+def check_recordable(decoding: Any, feeds_one_token: bool, encoder: str | None = None) -> None:
+    """Refuse, before compiling, per-layer outputs an engine cannot record: those of a model whose decode
+    step is not one token fed through a cache (``feeds_one_token`` false: no cache, every step reads the
+    whole sequence, or a token appended after it), or an encoder-decoder's where the engine says why not
+    (``encoder``)."""
+    if not any(getattr(decoding, name) for name in ASKED_BY):
+        return
+    if encoder is not None:
+        raise NotImplementedError(
+            "this backend's generate records output_hidden_states / output_attentions for decoder-only "
+            f"models ({encoder}); use the JAX backend, or run the model's forward on the sequences "
+            "generate returns"
+        )
+    if not feeds_one_token:
+        raise NotImplementedError(
+            "hfax's generate records output_hidden_states / output_attentions for models that decode one "
+            "token at a time through a cache; this one reads the whole sequence at every step. Run the "
+            "model's forward on the sequences generate returns to get them"
+        )
+
+
 def flags(decoding: Any, module: Any) -> dict[str, bool]:
     """The forward's keyword arguments that make it return what ``decoding`` records. Attentions are asked
     only of transformers' ``"eager"`` attention, the one that computes them: the others return none (and

@@ -510,7 +510,9 @@ class JaxEngine:
     def start(self, padded: driver.PaddedRequest) -> Run:
         model = self.model
         static = _static(model, padded)
-        _check_recordable(static)
+        layer_outputs.check_recordable(
+            static.decoding, bool(static.cache_argument) and static.appended is None
+        )
         ids, prompt_mask, source, arrays = self.inputs(padded)
         program = model.program("prefill", prefill_program)
         inputs = self.model_inputs(padded, static)
@@ -595,20 +597,6 @@ class JaxEngine:
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()
         return snapshot.compiles, snapshot.compile_seconds + snapshot.trace_seconds
-
-
-def _check_recordable(static: Static) -> None:
-    """Refuse, before compiling, per-layer outputs of a model whose decode step is not one token fed
-    through a cache (no cache: every step reads the whole sequence; or a token appended after it)."""
-    decoding = static.decoding
-    if not (decoding.hidden_states or decoding.attentions):
-        return
-    if not static.cache_argument or static.appended is not None:
-        raise NotImplementedError(
-            "hfax's generate records output_hidden_states / output_attentions for models that decode one "
-            "token at a time through a cache; this one reads the whole sequence at every step. Run the "
-            "model's forward on the sequences generate returns to get them"
-        )
 
 
 def _wait(tree: Any) -> None:

@@ -524,7 +524,13 @@ class TorchXlaEngine:
             else generation_traits(model.module).appended,
         )
         static = _STATICS.setdefault(static, static)
-        _check_recordable(static)
+        layer_outputs.check_recordable(
+            static.decoding,
+            bool(static.cache_argument) and static.appended is None,
+            "on torch_xla an encoder-decoder's encoder runs apart from the decoder's steps"
+            if static.encoder_decoder
+            else None,
+        )
         device = runtime.device()
         arrays = _on_device(padded.arrays, device)
         cache = (
@@ -653,27 +659,6 @@ class TorchXlaEngine:
     def counters(self) -> tuple[int, float]:
         counters = runtime.counters()
         return counters.compiles, counters.compile_seconds + _trace_seconds[0]
-
-
-def _check_recordable(static: Static) -> None:
-    """Refuse, before compiling, per-layer outputs this engine does not record: an encoder-decoder's (its
-    encoder runs apart from the decoder's steps here), and those of a model whose decode step is not one
-    token fed through a cache."""
-    decoding = static.decoding
-    if not (decoding.hidden_states or decoding.attentions):
-        return
-    if static.encoder_decoder:
-        raise NotImplementedError(
-            "generate on torch_xla records output_hidden_states / output_attentions for decoder-only "
-            "models; for an encoder-decoder use the JAX backend, or run the model's forward on the "
-            "sequences generate returns"
-        )
-    if not static.cache_argument or static.appended is not None:
-        raise NotImplementedError(
-            "hfax's generate records output_hidden_states / output_attentions for models that decode one "
-            "token at a time through a cache; this one reads the whole sequence at every step. Run the "
-            "model's forward on the sequences generate returns to get them"
-        )
 
 
 def _grown_inputs(padded: driver.PaddedRequest, grow: int) -> dict[str, np.ndarray]:
