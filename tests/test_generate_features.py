@@ -566,6 +566,53 @@ class HostProcessor(transformers.LogitsProcessor):
         return scores
 
 
+class LengthAndLastToken(transformers.LogitsProcessor):
+    """Python no compiled loop runs: it reads how long ``input_ids`` is and the last token of each row."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[torch.arange(scores.shape[0]), input_ids[:, -1]] = -float("inf")
+        if input_ids.shape[1] % 3 == 0:
+            scores[:, 7] += 3.0
+        return scores
+
+
+def test_processors_without_a_twin_run_on_the_host(tiny):
+    """A processor hfax has no compiled twin of (the caller's own class, ``prefix_allowed_tokens_fn``'s)
+    runs on the host every token, with the settings' processors, as transformers runs them: greedy and
+    sampled tokens (the same torch seed), and the recorded scores, are transformers'; a warning says so."""
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    own = dict(logits_processor=transformers.LogitsProcessorList([LengthAndLastToken()]))
+    allowed = dict(
+        prefix_allowed_tokens_fn=lambda row, sequence: [5, 9, 11, int(sequence[-1]) % 50]
+    )
+    for options in (
+        dict(**own, repetition_penalty=1.3),
+        dict(exponential_decay_length_penalty=(3, 1.5), encoder_repetition_penalty=1.5),
+        dict(**own, do_sample=True, top_k=20, temperature=0.8),
+        dict(**allowed),
+        dict(**own, eos_token_id=7),
+    ):
+        options = dict(max_new_tokens=12, **options)
+        torch.manual_seed(3)
+        with pytest.warns(UserWarning, match="chooses every token on the host"):
+            got = as_numpy(model.generate(ids, mask, **options))
+        torch.manual_seed(3)
+        want = transformers_generate(reference, ids, mask, **options).numpy()
+        assert_same_continuation(want, got, model.config.pad_token_id)
+    recorded = dict(max_new_tokens=6, return_dict_in_generate=True, output_scores=True, **own)
+    with pytest.warns(UserWarning):
+        ours = model.generate(ids, mask, **recorded)
+    theirs = transformers_generate(reference, ids, mask, **recorded)
+    np.testing.assert_array_equal(as_numpy(ours.sequences), theirs.sequences.numpy())
+    assert len(ours.scores) == len(theirs.scores) == 6
+    for mine, want_scores in zip(ours.scores, theirs.scores):
+        finite = np.isfinite(want_scores.numpy())
+        np.testing.assert_array_equal(np.isfinite(np.asarray(mine)), finite)
+        np.testing.assert_allclose(np.asarray(mine)[finite], want_scores.numpy()[finite], atol=1e-4)
+
+
 def word_tokenizer(directory):
     """A fast tokenizer whose tokens are the words w0 ... w126 (and abcdef), joined by spaces."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -588,14 +635,15 @@ def word_tokenizer(directory):
             NotImplementedError,
             "group_beam_search",
         ),
-        (
-            dict(encoder_repetition_penalty=1.5),
-            NotImplementedError,
-            "EncoderRepetitionPenaltyLogitsProcessor",
-        ),
         (dict(bad_words_ids=[[500]]), ValueError, "outside the vocabulary"),
         (dict(pixel_values=np.zeros((1, 3))), TypeError, "pixel_values"),
-        (dict(logits_processor=[HostProcessor()]), NotImplementedError, "HostProcessor compiled"),
+        (
+            dict(logits_processor=[HostProcessor()], num_beams=2),
+            NotImplementedError,
+            "beam search .* no twin of HostProcessor",
+        ),
+        (dict(prefix_allowed_tokens_fn=[5]), TypeError, "must be callable"),
+        (dict(guidance_scale=1.5), NotImplementedError, "classifier-free guidance"),
         (dict(logits_processor=HostProcessor()), TypeError, "LogitsProcessorList"),
         (
             dict(stopping_criteria=[transformers.MaxLengthCriteria(3)]),

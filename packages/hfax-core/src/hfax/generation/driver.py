@@ -101,6 +101,11 @@ class Engine(Protocol):
     def counters(self) -> tuple[int, float]:
         """Programs compiled and seconds spent tracing and compiling so far in this process."""
 
+    def take_tokens(self, run: Any, token: Any, finished: np.ndarray) -> Any:
+        """The run with every row's newest token replaced by ``token`` (``[rows]``) and ``finished``
+        (bool ``[rows]``) as given: the host chose them (:mod:`hfax.generation.host_choice`). Asked only
+        of an engine with the ``"host_choice"`` feature."""
+
     def cache(self, run: Any, rows: int, start: int, end: int) -> Any:
         """The run's cache as transformers returns it from ``generate`` (a ``DynamicCache`` on the CPU):
         slots ``[start, end)`` of the first ``rows`` rows; ``None`` where the model's cache holds other
@@ -135,12 +140,14 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         num_beams=request.num_beams,
         prompt=ids.shape[1],
         capacity=bucket(request.max_new, MIN_LENGTH_BUCKET),
-        scores=bool(config.return_dict_in_generate and config.output_scores),
-        logits=bool(config.return_dict_in_generate and config.output_logits),
+        # the host keeps them itself when it chooses the tokens
+        scores=bool(config.return_dict_in_generate and config.output_scores and not request.host),
+        logits=bool(config.return_dict_in_generate and config.output_logits and not request.host),
         early_stopping=config.early_stopping if request.num_beams > 1 else False,
         beams_to_keep=keep if request.num_beams > 1 else 0,
         hidden_states=bool(config.return_dict_in_generate and config.output_hidden_states),
         attentions=bool(config.return_dict_in_generate and config.output_attentions),
+        host_choice=request.host is not None,
     )
     return PaddedRequest(
         ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
@@ -239,6 +246,8 @@ def _run(
     keeps."""
     checks = bool(request.criteria) or request.deadline is not None
     chunk = STREAM_CHUNK if streamer is not None else CHECK_CHUNK if checks else request.max_new
+    if request.host is not None:  # one token at a time, each chosen on the host
+        chunk = 1
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
     if request.cache is not None:
@@ -252,6 +261,8 @@ def _run(
             run = engine.advance(run, limit)
         state = engine.read(run)
         step = int(state["step"])
+        if request.host is not None:
+            run, state = request.host.take(engine, run, state, request, prompt)
         new = state["ids"][:rows, prompt : prompt + step]
         if request.num_beams == 1:
             ends = np.minimum(ends, _eos_ends(new, request.eos, sent))

@@ -77,29 +77,26 @@ def _ids_arg(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
+def without_twin(processors: Any) -> list[str]:
+    """The class names of the processors in ``processors`` that :func:`translate` has no twin of."""
+    known = {*_TRANSLATIONS, "EncoderNoRepeatNGramLogitsProcessor"}
+    return [type(p).__name__ for p in processors if type(p).__name__ not in known]
+
+
 def translate(processors: Any, vocab: int, expand: int = 1) -> tuple[Step, ...]:
     """The :class:`Step` for every processor of transformers' ``LogitsProcessorList``, in its order (those
     the settings built, and the caller's own ``logits_processor`` merged in as transformers merges them);
-    ``expand`` is the rows each caller's row becomes (beams, or sequences returned).
-
-    A processor without a twin is refused with the error naming it: running it on the host every token
-    would defeat the compiled loop, and skipping it would give other tokens than transformers.
+    ``expand`` is the rows each caller's row becomes (beams, or sequences returned). Every processor has a
+    twin (:func:`without_twin` is empty); a call with one that has none chooses its tokens on the host
+    (:mod:`hfax.generation.host_choice`).
     """
     steps = []
     for processor in processors:
         name = type(processor).__name__
         if name == "EncoderNoRepeatNGramLogitsProcessor":
             steps.append(_encoder_no_repeat_ngram(processor, expand))
-            continue
-        make = _TRANSLATIONS.get(name)
-        if make is None:
-            supported = ", ".join(sorted([*_TRANSLATIONS, "EncoderNoRepeatNGramLogitsProcessor"]))
-            raise NotImplementedError(
-                f"hfax's generate cannot run {name} compiled (it has twins of transformers' {supported}); "
-                "drop the setting or the logits_processor entry that adds it, or run transformers' own "
-                "generate on CPU"
-            )
-        steps.append(make(processor, vocab))
+        else:
+            steps.append(_TRANSLATIONS[name](processor, vocab))
     return tuple(steps)
 
 

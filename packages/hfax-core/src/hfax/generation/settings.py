@@ -15,19 +15,23 @@ from typing import Any
 
 import numpy as np
 
+from hfax.generation import host_choice, processors
 from hfax.generation import inputs as model_inputs
-from hfax.generation import processors
 from hfax.generation.shapes import as_ids
 from hfax.generation.traits import GenerationTraits, generation_traits
 
 #: Arguments of transformers' ``generate`` that hfax cannot honour inside a compiled loop, with why.
 REFUSED_ARGUMENTS = {
-    "prefix_allowed_tokens_fn": "it is a Python callback run on the host every token",
     "assistant_model": "assisted decoding is not implemented",
     "negative_prompt_ids": "classifier-free guidance is not implemented",
     "negative_prompt_attention_mask": "classifier-free guidance is not implemented",
     "custom_generate": "hfax runs its own compiled loop",
     "synced_gpus": "hfax's loop is one program on every device already",
+}
+#: transformers' processors that even the host cannot run (:mod:`hfax.generation.host_choice`), with why.
+HOST_REFUSED = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance (guidance_scale) runs the "
+    "model's PyTorch forward inside the processor, which hfax's model does not run on the host",
 }
 #: Generation-config fields that change what comes out but build no processor, with why they are refused.
 REFUSED_FIELDS = {
@@ -70,6 +74,8 @@ class Request:
     :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
     ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``): the
     prefill computes those tokens again from the ids and the driver checks they are the cache's.
+    ``host`` chooses the tokens on the host when a processor has no compiled twin (``steps`` is then
+    empty: :mod:`hfax.generation.host_choice`).
     """
 
     ids: np.ndarray
@@ -95,6 +101,7 @@ class Request:
     finish: Any = None
     cache: Any = None
     cached: int = 0
+    host: host_choice.HostChoice | None = None
 
     @property
     def rows(self) -> int:
@@ -305,6 +312,9 @@ def prepare(
     tokenizer = options.pop("tokenizer", None)
     generation_config = options.pop("generation_config", None)
     own_processors = _callers_list(options.pop("logits_processor", None), "logits_processor")
+    allowed_tokens = options.pop("prefix_allowed_tokens_fn", None)
+    if allowed_tokens is not None and not callable(allowed_tokens):
+        raise TypeError(f"prefix_allowed_tokens_fn must be callable, got {allowed_tokens!r}")
     own_criteria = _callers_list(options.pop("stopping_criteria", None), "stopping_criteria")
     traits = generation_traits(module)
     taken = _family_options(module, traits, options)
@@ -398,19 +408,35 @@ def prepare(
     model_kwargs = (
         {"attention_mask": torch.from_numpy(mask.astype(np.int64))} if not encoder_decoder else {}
     )
-    steps = processors.translate(
-        module._get_logits_processor(
-            generation_config=config,
-            input_ids_seq_length=width,
-            encoder_input_ids=encoder_ids,
-            prefix_allowed_tokens_fn=None,
-            logits_processor=LogitsProcessorList(own_processors),
-            device="cpu",
-            model_kwargs=model_kwargs,
-        ),
-        vocab,
-        expand,
+    processor_list = module._get_logits_processor(
+        generation_config=config,
+        input_ids_seq_length=width,
+        encoder_input_ids=encoder_ids,
+        prefix_allowed_tokens_fn=allowed_tokens,
+        logits_processor=LogitsProcessorList(own_processors),
+        device="cpu",
+        model_kwargs=model_kwargs,
     )
+    steps, host = (), None
+    untranslated = processors.without_twin(processor_list)
+    for name in set(untranslated) & set(HOST_REFUSED):
+        raise NotImplementedError(f"hfax's generate cannot run {name}: {HOST_REFUSED[name]}")
+    if not untranslated:
+        steps = processors.translate(processor_list, vocab, expand)
+    elif mode in ("beam_search", "beam_sample"):
+        raise NotImplementedError(
+            f"hfax's beam search runs its logits processors compiled and has no twin of "
+            f"{', '.join(untranslated)}: use num_beams=1 (the host then runs them every token), or drop "
+            "the processor"
+        )
+    elif "host_choice" not in features:
+        raise NotImplementedError(
+            f"hfax has no compiled twin of {', '.join(untranslated)}, and this backend's generate cannot "
+            "choose tokens on the host: drop the processor, or use backend='jax'"
+        )
+    else:
+        given = None if seed is None and rng is None else _seed(seed, rng, True)
+        host = host_choice.start(processor_list, bool(config.do_sample), given, config)
     built = module._get_stopping_criteria(config, StoppingCriteriaList(), tokenizer=tokenizer)
     criteria = _host_criteria(built, own_criteria)
     if criteria and config.num_beams > 1:
@@ -438,7 +464,7 @@ def prepare(
         filler=filler,
         do_sample=bool(config.do_sample),
         num_beams=int(config.num_beams) if mode in ("beam_search", "beam_sample") else 1,
-        seed=_seed(seed, rng, bool(config.do_sample)),
+        seed=0 if host is not None else _seed(seed, rng, bool(config.do_sample)),
         steps=steps,
         criteria=criteria,
         pad_stopped=any(
@@ -450,6 +476,7 @@ def prepare(
         finish=finish,
         cache=cache if cached else None,
         cached=cached,
+        host=host,
     )
 
 

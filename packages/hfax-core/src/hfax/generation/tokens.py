@@ -9,6 +9,8 @@ The state is a dict of tensors: ``ids`` ``[rows, prompt + capacity]`` (the promp
 tokens), ``valid`` (which of those slots hold tokens of the sequence so far: the processors' history),
 ``step`` (0-d, new tokens so far), ``finished`` ``[rows]``, and when asked ``scores`` / ``logits``
 ``[rows, capacity, vocab]``. Beam search adds its bookkeeping (:mod:`hfax.generation.beams`).
+A call whose tokens the host chooses (:mod:`hfax.generation.host_choice`) adds ``next_logits``
+``[rows, vocab]``: the logits the newest token was chosen from.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class Decoding:
     ``steps`` are the processors' ``(kind, shape)``; ``prompt`` and ``capacity`` the widths of the
     prompt's bucket and of the new tokens' buffer. ``hidden_states`` / ``attentions`` ask the engine to
     record the model's per-layer outputs (:mod:`hfax.generation.layer_outputs`); a program without them
-    is the one it was before they existed.
+    is the one it was before they existed. ``host_choice`` keeps each step's logits for the host, which
+    replaces the token chosen here by its own (:mod:`hfax.generation.host_choice`).
     """
 
     steps: tuple[tuple[str, tuple[int, ...]], ...]
@@ -42,6 +45,7 @@ class Decoding:
     beams_to_keep: int = 0
     hidden_states: bool = False
     attentions: bool = False
+    host_choice: bool = False
 
 
 def host_arrays(request: Any) -> dict[str, Any]:
@@ -141,6 +145,8 @@ def advance(
     token = torch.where(state["finished"], arrays["filler"].to(token.dtype), token)
     state = record(state, token, decoding)
     state = _record_scores(state, scores, logits, decoding)
+    if decoding.host_choice:  # a placeholder: the host chooses the token and which rows it finishes
+        return {**state, "next_logits": logits}, None
     eos = arrays["eos"]
     hit = (token[:, None] == eos[None, :]).any(-1)
     return {**state, "finished": state["finished"] | hit}, None

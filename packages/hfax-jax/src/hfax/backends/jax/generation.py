@@ -501,7 +501,9 @@ class Run:
 class JaxEngine:
     """:class:`hfax.generation.driver.Engine` for a :class:`~hfax.backends.jax.model.JaxModel`."""
 
-    features = frozenset({"beams", "encoder_decoder", "layer_outputs", "cache_output"})
+    features = frozenset(
+        {"beams", "encoder_decoder", "layer_outputs", "cache_output", "host_choice"}
+    )
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -567,6 +569,18 @@ class JaxEngine:
         chosen = run.state["tokens"]
         finished = chosen["finished"] | mesh.replicate(rows, self.model.mesh)
         run.state = {**run.state, "tokens": {**chosen, "finished": finished}}
+        return run
+
+    def take_tokens(self, run: Run, token: np.ndarray, finished: np.ndarray) -> Run:
+        chosen, mesh_ = run.state["tokens"], self.model.mesh
+        # The column as a traced value: one program for every step (an index would make one per column).
+        column = mesh.replicate(np.int32(run.static.decoding.prompt - 1), mesh_) + chosen["step"]
+        at = jnp.arange(chosen["ids"].shape[1], dtype=jnp.int32)[None] == column
+        ids = jnp.where(at, mesh.replicate(token.astype(np.int32), mesh_)[:, None], chosen["ids"])
+        # placed as the decode program's state was, which a new placement would compile again
+        ids = jax.device_put(ids, chosen["ids"].sharding)
+        finished = jax.device_put(finished, chosen["finished"].sharding)
+        run.state = {**run.state, "tokens": {**chosen, "ids": ids, "finished": finished}}
         return run
 
     def cache(self, run: Run, rows: int, start: int, end: int) -> Any:

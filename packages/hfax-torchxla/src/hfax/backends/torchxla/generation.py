@@ -479,7 +479,9 @@ class TorchXlaEngine:
     cross-attention cache prefill filled.
     """
 
-    features = frozenset({"beams", "encoder_decoder", "cache_output", "layer_outputs"})
+    features = frozenset(
+        {"beams", "encoder_decoder", "cache_output", "layer_outputs", "host_choice"}
+    )
     row_multiple = 1
 
     def __init__(self, model: Any) -> None:
@@ -630,6 +632,18 @@ class TorchXlaEngine:
     def stop_rows(self, run: Run, rows: np.ndarray) -> Run:
         stopped = torch.from_numpy(rows).to(runtime.device())
         run.chosen = {**run.chosen, "finished": run.chosen["finished"] | stopped}
+        torch_xla.sync()
+        return run
+
+    def take_tokens(self, run: Run, token: np.ndarray, finished: np.ndarray) -> Run:
+        device, chosen = runtime.device(), run.chosen
+        ids = chosen["ids"]
+        # the bucket's own prompt width (the driver's plus ``grow``); the step traced, one graph for all
+        column = run.static.decoding.prompt - 1 + chosen["step"]
+        at = torch.arange(ids.shape[1], device=device)[None] == column
+        given = torch.from_numpy(token.astype(np.int32)).to(device)[:, None].to(ids.dtype)
+        stopped = torch.from_numpy(finished).to(device)
+        run.chosen = {**chosen, "ids": torch.where(at, given, ids), "finished": stopped}
         torch_xla.sync()
         return run
 
