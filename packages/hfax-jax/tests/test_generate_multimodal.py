@@ -44,6 +44,20 @@ def test_greedy_matches_transformers(models):
     )
 
 
+def test_qwen2_vl_without_token_types_is_transformers(models):
+    """Qwen2-VL's processor returns ``mm_token_type_ids``; a caller who leaves them out gets what
+    transformers' generate gives then (on 5.24: the prompt at its text positions), not an error."""
+    name, reference, model = models
+    if name != "qwen2_vl":
+        pytest.skip("Qwen2-VL's token types only")
+    inputs = processed(name)
+    del inputs["mm_token_type_ids"]
+    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_array_equal(
+        np.asarray(model.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
+    )
+
+
 def test_forward_matches_transformers(models):
     """The forward takes the same inputs: logits within 1e-4 (image sizes held as constants)."""
     name, reference, model = models

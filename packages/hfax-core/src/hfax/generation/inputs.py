@@ -178,6 +178,16 @@ def positions(
     if function is None or not any(name.endswith("grid_thw") for name in inputs):
         return None
     accepted = inspect.signature(function).parameters
+    required = {
+        name
+        for name, parameter in accepted.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    if required - {*inputs, "input_ids", "attention_mask"}:
+        # transformers' generate too: without the processor's token types (mm_token_type_ids) it gives
+        # the prompt its text positions (its _prepare_position_ids_for_generation)
+        return None
     arguments = {
         name: torch.from_numpy(np.ascontiguousarray(value))
         for name, value in {**inputs, "input_ids": ids, "attention_mask": mask}.items()
