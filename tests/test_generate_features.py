@@ -857,13 +857,14 @@ def test_embeddings_of_the_wrong_shape_are_refused(tiny):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(num_beams=2), dict(use_cache=False)],
-    ids=["greedy", "beams", "use_cache_false"],
+    [dict(), dict(num_beams=2), dict(use_cache=False), dict(cache_implementation="static")],
+    ids=["greedy", "beams", "use_cache_false", "static"],
 )
 def test_the_cache_a_call_returns_holds_transformers_keys_and_values(tiny, options):
     """``return_dict_in_generate``'s ``past_key_values``: transformers' ``DynamicCache`` after the call
     (the prompt and every new token but the last), its keys and values within 1e-4 at the real tokens
-    (the prompt's padding positions hold what attends nothing); none with ``use_cache=False``.
+    (the prompt's padding positions hold what attends nothing); none with ``use_cache=False``; a
+    ``StaticCache`` of transformers' length where ``cache_implementation`` asks for a static one.
 
     Beam search's cache holds the running beams. At ``max_length`` every continuation ends, so their
     scores all become -1e9 in float32 and which continuations run on is how ``topk`` breaks ties
@@ -962,10 +963,22 @@ def test_a_callers_cache_continues_as_in_transformers(tiny):
             **then,
         )
         np.testing.assert_array_equal(as_numpy(got), want.numpy())
+    # transformers' StaticCache out and in, long enough for both calls
+    static = dict(first, cache_implementation="static", max_cache_len=16)
+    mine_static = model.generate(ids, attention_mask=mask, **static)
+    theirs_static = transformers_generate(reference, ids, mask, **static)
+    got = model.generate(
+        sequences, attention_mask=longer, past_key_values=mine_static.past_key_values, **then
+    )
+    want = transformers_generate(
+        reference, sequences, longer, past_key_values=theirs_static.past_key_values, **then
+    )
+    np.testing.assert_array_equal(as_numpy(got), want.numpy())
     other = sequences.copy()
     other[:, -3] = (other[:, -3] + 1) % 128  # a cached token changed
-    with pytest.raises(ValueError, match="does not hold input_ids' first 9 tokens"):
-        model.generate(other, attention_mask=longer, past_key_values=mine.past_key_values, **then)
+    for cache in (mine.past_key_values, mine_static.past_key_values):
+        with pytest.raises(ValueError, match="does not hold input_ids' first 9 tokens"):
+            model.generate(other, attention_mask=longer, past_key_values=cache, **then)
     with pytest.raises(ValueError, match="rows"):
         model.generate(sequences[:1], past_key_values=mine.past_key_values, **then)
     with pytest.raises(ValueError, match="at least one more"):

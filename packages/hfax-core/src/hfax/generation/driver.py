@@ -218,7 +218,11 @@ def generate(
         if "cache_output" in engine.features:
             prompt = padded.decoding.prompt
             start = prompt - request.ids.shape[1]
-            extras["past_key_values"] = engine.cache(run, request.rows, start, prompt + steps - 1)
+            cache = engine.cache(run, request.rows, start, prompt + steps - 1)
+            embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
+            extras["past_key_values"] = outputs.requested_cache(
+                model.module, config, cache, embedded
+            )
     after_compiles, after_seconds = engine.counters()
     model.last_generate_stats = GenerateStats(
         new_tokens=steps * request.batch,
@@ -309,11 +313,14 @@ def _check_callers_cache(engine: Engine, run: Any, request: settings.Request, pr
     real = request.mask[:: request.expand, :length]
     for index, (mine, theirs) in enumerate(zip(ours.layers, request.cache.layers)):
         given = getattr(theirs, "keys", None)
-        if given is None or given.shape[2] != length or mine.keys.shape[2] != length:
+        if getattr(theirs, "is_sliding", False) or given is None or given.shape[2] < length:
             continue  # a sliding layer keeps its window only
-        for name in ("keys", "values"):
+        if mine.keys.shape[2] != length:
+            continue
+        for name in ("keys", "values"):  # a static layer's first `length` slots hold the tokens
             a = getattr(mine, name)[:: request.expand].float().numpy().transpose(0, 2, 1, 3)[real]
-            b = getattr(theirs, name).detach().cpu().float().numpy().transpose(0, 2, 1, 3)[real]
+            b = getattr(theirs, name)[:, :, :length].detach().cpu().float().numpy()
+            b = b.transpose(0, 2, 1, 3)[real]
             if a.shape != b.shape or not np.allclose(a, b, rtol=2e-2, atol=2e-2 * np.abs(b).max()):
                 raise ValueError(
                     f"past_key_values does not hold input_ids' first {length} tokens (layer {index}'s "

@@ -37,6 +37,48 @@ def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
     return array
 
 
+def requested_cache(module: Any, config: Any, cache: Any, embedded: int = 0) -> Any:
+    """The engine's ``cache`` (a ``DynamicCache``, or an ``EncoderDecoderCache`` of two) in the class
+    transformers' ``generate`` would hand back: where the call's ``cache_implementation`` is a static one
+    (``"static"``, Gemma 3's ``"hybrid"``, ...), a ``StaticCache`` for the model's text config, as long as
+    transformers makes it (every token fed: ``max_length - 1``, plus the ``embedded`` prompt positions
+    that ``max_length`` does not count; or ``max_cache_len``, or the longest of the module's earlier static
+    calls, if longer; the cross-attention's as long as the encoder's output), holding the same keys and
+    values; otherwise ``cache`` itself."""
+    if cache is None:
+        return None
+    import torch
+    from transformers.cache_utils import EncoderDecoderCache, StaticCache
+    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
+
+    if config.cache_implementation not in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+        return cache
+    text = module.config.get_text_config(decoder=True)
+    offloading = "offloaded" in config.cache_implementation
+    length = max(
+        int(config.max_length) - 1 + embedded,
+        config.max_cache_len or 0,
+        getattr(module, "_previous_max_cache_length", -1),
+    )
+    module._previous_max_cache_length = length  # as transformers' _prepare_static_cache keeps it
+
+    def static(dynamic: Any, size: int) -> Any:
+        made = StaticCache(config=text, max_cache_len=size, offloading=offloading)
+        for index, layer in enumerate(dynamic.layers):
+            # releases before 5.24 place the update by its cache_position; 5.24 appends it
+            position = {"cache_position": torch.arange(layer.keys.shape[2])}
+            made.update(layer.keys, layer.values, index, position)
+        return made
+
+    if isinstance(cache, EncoderDecoderCache):
+        cross = cache.cross_attention_cache
+        source = cross.layers[0].keys.shape[2] if cross.layers else 0
+        return EncoderDecoderCache(
+            static(cache.self_attention_cache, length), static(cross, source)
+        )
+    return static(cache, length)
+
+
 def assemble(
     sequences: np.ndarray,
     kind: str,
