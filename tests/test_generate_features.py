@@ -940,15 +940,17 @@ def assert_encoder_decoder_cache_equal(got, want, decoder_positions=None):
         ("bart", dict()),
         ("bart", dict(num_beams=3, num_return_sequences=2)),
         ("bart", dict(use_cache=False)),
+        ("bart", dict(max_new_tokens=10, eos_token_id=113)),
         ("t5", dict()),
     ],
-    ids=["bart-greedy", "bart-beams", "bart-use_cache_false", "t5-greedy"],
+    ids=["bart-greedy", "bart-beams", "bart-use_cache_false", "bart-a-row-ends-early", "t5-greedy"],
 )
 def test_an_encoder_decoders_cache_is_transformers(tiny, name, options):
     """An encoder-decoder's ``past_key_values``: transformers' ``EncoderDecoderCache`` after the call, its
-    self-attention part every decoder token fed (the start token and every new token but the last), its
-    cross-attention part the encoder's keys and values over the caller's source (hfax's bucket padding
-    cut off); none with ``use_cache=False``.
+    self-attention part every decoder token fed (the start token and every new token but the last; the
+    padding fed to a row that ended early too), its cross-attention part the encoder's keys and values
+    over the caller's source (hfax's bucket padding cut off); none with ``use_cache=False``. Asking for
+    it compiles nothing: the call's programs are those of the same call that does not.
 
     Beam search's cache holds the running beams. At ``max_length`` every continuation ends, their scores
     tie, and which beams the last reorder keeps is how ``topk`` breaks ties (torch's and XLA's differ):
@@ -956,7 +958,7 @@ def test_an_encoder_decoders_cache_is_transformers(tiny, name, options):
     a prompt, and the cross-attention part, the same in every beam too, everywhere."""
     reference, model = tiny(name)
     ids, mask = source_batch()
-    options = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, **options)
+    options = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True) | options
     want = transformers_generate(reference, ids, mask, **options)
     plain = model.generate(
         ids, attention_mask=mask, **{**options, "return_dict_in_generate": False}
