@@ -974,6 +974,36 @@ def test_an_encoder_decoders_cache_is_transformers(tiny, name, options):
     assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values, positions)
 
 
+def test_a_t5_decoder_deeper_than_its_encoder_hands_back_every_layers_cache(
+    backend, tmp_path_factory
+):
+    """A T5 with ``num_decoder_layers`` above ``num_layers``, whose cache transformers' own ``generate``
+    cannot fill (its ``DynamicCache`` has ``num_layers`` layers): hfax's holds every decoder layer, the
+    keys and values of transformers' forward over the decoder tokens fed (within 1e-4)."""
+    directory = tmp_path_factory.mktemp("t5-deep")
+    config = t5_config()
+    config.num_decoder_layers = 3
+    reference = save_tiny(config, directory, "AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(directory), backend=backend)
+    ids, mask = source_batch()
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True)
+    sequences = torch.as_tensor(as_numpy(got.sequences))
+    empty = transformers.EncoderDecoderCache(
+        transformers.DynamicCache(), transformers.DynamicCache()
+    )
+    with torch.no_grad():
+        want = reference(
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.as_tensor(mask),
+            decoder_input_ids=sequences[:, :-1],
+            past_key_values=empty,
+            use_cache=True,
+        )
+    np.testing.assert_array_equal(sequences[:, 1:], want.logits.argmax(-1))
+    assert len(got.past_key_values.self_attention_cache.layers) == 3
+    assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values)
+
+
 def test_an_encoder_decoder_continues_from_a_callers_cache_as_in_transformers(tiny):
     """An earlier result's ``EncoderDecoderCache`` (hfax's, or transformers' own) with its sequences as
     ``decoder_input_ids`` and ``decoder_attention_mask`` of ones over them continues as transformers

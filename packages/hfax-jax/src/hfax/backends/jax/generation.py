@@ -608,6 +608,10 @@ class JaxEngine:
 
         def dynamic(layers: list[dict[str, Any]], window: slice) -> Any:
             cache = DynamicCache(config=self.model.config)
+            # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
+            # own generate fails there): a cache that adds them as they come.
+            if len(cache.layers) < len(layers):
+                cache = DynamicCache()
             for index, layer in enumerate(layers):
                 keys = host(layer["keys"], window, in_place)
                 cache.update(keys, host(layer["values"], window), index)

@@ -667,6 +667,10 @@ class TorchXlaEngine:
 
         def dynamic(layers: list[Any], window: slice) -> Any:
             cache = DynamicCache(config=self.model.config)
+            # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
+            # own generate fails there): a cache that adds them as they come.
+            if len(cache.layers) < len(layers):
+                cache = DynamicCache()
             for index, layer in enumerate(layers):
                 # Whole buffers to the host, cut there: a cut on the device would be a program per shape.
                 keys, values = (t.cpu()[:rows, :, window] for t in (layer.keys, layer.values))
