@@ -48,6 +48,18 @@ def bart_config() -> transformers.BartConfig:
     )
 
 
+def t5_config() -> transformers.T5Config:
+    """A tiny T5: relative position buckets instead of position embeddings, gated feed-forward layers.
+    (transformers' ``generate`` fails for a T5 whose ``num_decoder_layers`` differs from ``num_layers``:
+    its cache has ``num_layers`` layers.)"""
+    return transformers.T5Config(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+        num_heads=4, feed_forward_proj="gated-gelu", decoder_start_token_id=0, **TINY_SPECIAL,
+    )  # fmt: skip
+
+
+SEQ2SEQ_CONFIGS = {"bart": bart_config, "t5": t5_config}
+
 CONFIGS = {
     "llama": lambda: tiny_config("llama"),
     "gemma3": lambda: tiny_config("gemma3"),
@@ -70,9 +82,9 @@ def tiny(backend, tmp_path_factory):
     def build(name):
         if name not in built:
             directory = tmp_path_factory.mktemp(name)
-            if name == "bart":
+            if name in SEQ2SEQ_CONFIGS:
                 reference = save_tiny(
-                    bart_config(), directory, "AutoModelForSeq2SeqLM", spread=True
+                    SEQ2SEQ_CONFIGS[name](), directory, "AutoModelForSeq2SeqLM", spread=True
                 )
                 model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(directory), backend=backend)
             else:
@@ -893,6 +905,166 @@ def test_the_cache_a_call_returns_holds_transformers_keys_and_values(tiny, optio
             np.testing.assert_allclose(
                 a.transpose(1, 2)[real].numpy(), b.transpose(1, 2)[real].numpy(), atol=1e-4
             )
+
+
+def source_batch():
+    """Two source rows of different lengths, padded on the right as an encoder's input is."""
+    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
+    return ids[:, ::-1].copy(), mask[:, ::-1].copy()
+
+
+def assert_encoder_decoder_cache_equal(got, want, decoder_positions=None):
+    """``got`` is transformers' ``EncoderDecoderCache`` ``want``: the same type, layer count, shapes and
+    dtype, and keys and values within 1e-4 (the self-attention part at ``decoder_positions`` only when
+    given; the cross-attention part everywhere, the caller's source padding included)."""
+    assert type(got) is type(want) is transformers.EncoderDecoderCache
+    assert got.get_seq_length() == want.get_seq_length()
+    assert got.is_updated == want.is_updated
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        mine, theirs = getattr(got, part), getattr(want, part)
+        assert type(mine) is type(theirs)
+        for layer, (a, b) in enumerate(zip(mine.layers, theirs.layers, strict=True)):
+            assert type(a) is type(b), (part, layer)
+            for name in ("keys", "values"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert x.shape == y.shape and x.dtype == y.dtype, (part, layer, x.shape, y.shape)
+                if part == "self_attention_cache" and decoder_positions is not None:
+                    x, y = x[:, :, decoder_positions], y[:, :, decoder_positions]
+                np.testing.assert_allclose(
+                    x.numpy(), y.numpy(), atol=1e-4, err_msg=f"{part} {layer} {name}"
+                )
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("bart", dict()),
+        ("bart", dict(num_beams=3, num_return_sequences=2)),
+        ("bart", dict(use_cache=False)),
+        ("bart", dict(max_new_tokens=10, eos_token_id=113)),
+        ("t5", dict()),
+    ],
+    ids=["bart-greedy", "bart-beams", "bart-use_cache_false", "bart-a-row-ends-early", "t5-greedy"],
+)
+def test_an_encoder_decoders_cache_is_transformers(tiny, name, options):
+    """An encoder-decoder's ``past_key_values``: transformers' ``EncoderDecoderCache`` after the call, its
+    self-attention part every decoder token fed (the start token and every new token but the last; the
+    padding fed to a row that ended early too), its cross-attention part the encoder's keys and values
+    over the caller's source (hfax's bucket padding cut off); none with ``use_cache=False``. Asking for
+    it compiles nothing: the call's programs are those of the same call that does not.
+
+    Beam search's cache holds the running beams. At ``max_length`` every continuation ends, their scores
+    tie, and which beams the last reorder keeps is how ``topk`` breaks ties (torch's and XLA's differ):
+    there the self-attention part is compared at the decoder prompt's position, the same in every beam of
+    a prompt, and the cross-attention part, the same in every beam too, everywhere."""
+    reference, model = tiny(name)
+    ids, mask = source_batch()
+    options = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True) | options
+    want = transformers_generate(reference, ids, mask, **options)
+    plain = model.generate(
+        ids, attention_mask=mask, **{**options, "return_dict_in_generate": False}
+    )
+    np.testing.assert_array_equal(as_numpy(plain), want.sequences.numpy())
+    got = model.generate(ids, attention_mask=mask, **options)
+    assert model.last_generate_stats.compiles == 0  # the cache is read on the host, cut there
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    if want.past_key_values is None:
+        assert got.past_key_values is None
+        return
+    positions = [0] if "num_beams" in options else None
+    assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values, positions)
+
+
+def test_a_t5_decoder_deeper_than_its_encoder_hands_back_every_layers_cache(
+    backend, tmp_path_factory
+):
+    """A T5 with ``num_decoder_layers`` above ``num_layers``, whose cache transformers' own ``generate``
+    cannot fill (its ``DynamicCache`` has ``num_layers`` layers): hfax's holds every decoder layer, the
+    keys and values of transformers' forward over the decoder tokens fed (within 1e-4)."""
+    directory = tmp_path_factory.mktemp("t5-deep")
+    config = t5_config()
+    config.num_decoder_layers = 3
+    reference = save_tiny(config, directory, "AutoModelForSeq2SeqLM", spread=True)
+    model = hfax.AutoModelForSeq2SeqLM.from_pretrained(str(directory), backend=backend)
+    ids, mask = source_batch()
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True)
+    sequences = torch.as_tensor(as_numpy(got.sequences))
+    empty = transformers.EncoderDecoderCache(
+        transformers.DynamicCache(), transformers.DynamicCache()
+    )
+    with torch.no_grad():
+        want = reference(
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.as_tensor(mask),
+            decoder_input_ids=sequences[:, :-1],
+            past_key_values=empty,
+            use_cache=True,
+        )
+    np.testing.assert_array_equal(sequences[:, 1:], want.logits.argmax(-1))
+    assert len(got.past_key_values.self_attention_cache.layers) == 3
+    assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values)
+
+
+def test_an_encoder_decoder_continues_from_a_callers_cache_as_in_transformers(tiny):
+    """An earlier result's ``EncoderDecoderCache`` (hfax's, or transformers' own) with its sequences as
+    ``decoder_input_ids`` and ``decoder_attention_mask`` of ones over them continues as transformers
+    continues it (with the programs of the same call without a cache), and hands back transformers'
+    cache. hfax computes the cached tokens and the encoder's
+    keys and values again and checks they are the cache's: a cache of other decoder tokens or of another
+    source is refused once the prefill shows it. Without ``decoder_attention_mask`` transformers reads
+    ``decoder_input_ids`` as the tokens after the cached ones, whose ids hfax lacks: refused, saying what to
+    pass; so is a cache of the other kind (decoder-only) before anything compiles."""
+    import copy
+
+    reference, model = tiny("bart")
+    ids, mask = source_batch()
+    first = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    theirs = transformers_generate(reference, ids, mask, **first)
+    mine = model.generate(ids, attention_mask=mask, **first)
+    sequences = as_numpy(mine.sequences)
+    np.testing.assert_array_equal(sequences, theirs.sequences.numpy())
+    ones = np.ones_like(sequences)
+    then = dict(
+        max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
+        decoder_input_ids=sequences, decoder_attention_mask=ones,
+    )  # fmt: skip
+    want = transformers_generate(
+        reference,
+        ids,
+        mask,
+        **{
+            **then,
+            "decoder_input_ids": torch.as_tensor(sequences),
+            "decoder_attention_mask": torch.as_tensor(ones),
+        },
+        past_key_values=copy.deepcopy(theirs.past_key_values),
+    )
+    plain = model.generate(ids, attention_mask=mask, **{**then, "return_dict_in_generate": False})
+    np.testing.assert_array_equal(as_numpy(plain), want.sequences.numpy())
+    for cache in (mine.past_key_values, copy.deepcopy(theirs.past_key_values)):
+        got = model.generate(ids, attention_mask=mask, past_key_values=cache, **then)
+        assert model.last_generate_stats.compiles == 0  # the programs of the call without a cache
+        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+        assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values)
+    cache = mine.past_key_values
+    other = sequences.copy()
+    other[:, 2] = (other[:, 2] + 1) % 128  # a cached decoder token changed
+    with pytest.raises(ValueError, match="does not hold decoder_input_ids' first 4 tokens"):
+        model.generate(
+            ids, attention_mask=mask, past_key_values=cache, **{**then, "decoder_input_ids": other}
+        )
+    source = ids.copy()
+    source[0, 0] = (source[0, 0] + 1) % 128  # the encoder's input changed
+    with pytest.raises(ValueError, match="the encoder's keys and values of input_ids"):
+        model.generate(source, attention_mask=mask, past_key_values=cache, **then)
+    no_mask = {name: value for name, value in then.items() if name != "decoder_attention_mask"}
+    with pytest.raises(NotImplementedError, match="decoder_attention_mask of ones"):
+        model.generate(ids, attention_mask=mask, past_key_values=cache, **no_mask)
+    with pytest.raises(ValueError, match="takes an EncoderDecoderCache"):
+        model.generate(ids, attention_mask=mask, past_key_values=cache.self_attention_cache, **then)
+    _, decoder_only = tiny("llama")
+    with pytest.raises(ValueError, match="decoder-only model's cache"):
+        decoder_only.generate(sequences, past_key_values=cache, max_new_tokens=2)
 
 
 @pytest.mark.parametrize(

@@ -106,10 +106,12 @@ class Engine(Protocol):
         (bool ``[rows]``) as given: the host chose them (:mod:`hfax.generation.host_choice`). Asked only
         of an engine with the ``"host_choice"`` feature."""
 
-    def cache(self, run: Any, rows: int, start: int, end: int) -> Any:
-        """The run's cache as transformers returns it from ``generate`` (a ``DynamicCache`` on the CPU):
-        slots ``[start, end)`` of the first ``rows`` rows; ``None`` where the model's cache holds other
-        states. Asked only of an engine with the ``"cache_output"`` feature."""
+    def cache(self, run: Any, rows: int, start: int, end: int, source: int | None = None) -> Any:
+        """The run's cache as transformers returns it from ``generate``, on the CPU: a ``DynamicCache`` of
+        slots ``[start, end)`` of the first ``rows`` rows; an encoder-decoder's an ``EncoderDecoderCache``
+        of those self-attention slots and the cross-attention over the encoder's first ``source``
+        positions (all with ``None``); ``None`` where the model's cache holds other states. Asked only of
+        an engine with the ``"cache_output"`` feature."""
 
 
 def pad_request(model: Any, request: settings.Request, engine: Engine) -> PaddedRequest:
@@ -218,7 +220,9 @@ def generate(
         if "cache_output" in engine.features:
             prompt = padded.decoding.prompt
             start = prompt - request.ids.shape[1]
-            cache = engine.cache(run, request.rows, start, prompt + steps - 1)
+            cache = engine.cache(
+                run, request.rows, start, prompt + steps - 1, _source_length(request)
+            )
             embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
             extras["past_key_values"] = outputs.requested_cache(
                 model.module, config, cache, embedded
@@ -298,34 +302,80 @@ def _run(
     return run, state, step
 
 
+def _source_length(request: settings.Request) -> int | None:
+    """How many encoder positions an encoder-decoder's cross-attention cache covers for the caller: its
+    source ids' length (hfax pads them further into their bucket), or ``None`` for the whole encoder output
+    (features, which hfax does not pad, or a decoder-only model)."""
+    text = None if request.source is None else request.source.get("input_ids")
+    return None if text is None else text.shape[1]
+
+
 def _check_callers_cache(engine: Engine, run: Any, request: settings.Request, prompt: int) -> None:
     """The caller's cache must be the record of the prompt's first tokens, which hfax's prefill has just
     computed again from the ids (its cache lives on device, in its own layout): the first layer that holds
     every cached token must hold, at every real position, the keys and values the prefill wrote (within
-    16-bit rounding). Else the cache came from other tokens, positions or weights, and is refused."""
+    16-bit rounding). Else the cache came from other tokens, positions or weights, and is refused. An
+    encoder-decoder's self-attention part holds its decoder prompt's first tokens so, and its
+    cross-attention part, where filled, the encoder's keys and values at the source's real positions."""
     length = request.cached
     start = prompt - request.ids.shape[1]
-    ours = engine.cache(run, request.rows, start, start + length)
+    ours = engine.cache(run, request.rows, start, start + length, _source_length(request))
     if ours is None:
         raise NotImplementedError(
             "hfax's generate takes a caller's cache for models whose cache holds keys and values only"
         )
-    real = request.mask[:: request.expand, :length]
-    for index, (mine, theirs) in enumerate(zip(ours.layers, request.cache.layers)):
-        given = getattr(theirs, "keys", None)
-        if getattr(theirs, "is_sliding", False) or given is None or given.shape[2] < length:
+    given, source = request.cache, request.source
+    name = "input_ids" if source is None else "decoder_input_ids"
+    _check_layers(
+        getattr(ours, "self_attention_cache", ours).layers,
+        getattr(given, "self_attention_cache", given).layers,
+        request.mask[:: request.expand, :length],
+        request.expand,
+        f"{name}' first {length} tokens",
+        "pass the ids the cache was made from, e.g. an earlier result's sequences with its "
+        "past_key_values",
+    )
+    if source is None or given.cross_attention_cache.get_seq_length() == 0:
+        return  # an empty cross-attention part is filled by prefill, in transformers too
+    mine, theirs = ours.cross_attention_cache, given.cross_attention_cache
+    positions = mine.get_seq_length()
+    mask = source.get("attention_mask", np.ones((request.rows, positions)))
+    if theirs.get_seq_length() != positions:
+        raise ValueError(
+            f"past_key_values' cross-attention holds {theirs.get_seq_length()} encoder positions, and "
+            f"this call's encoder {positions}: pass the input_ids the cache was made from"
+        )
+    _check_layers(
+        mine.layers,
+        theirs.layers,
+        mask[:: request.expand].astype(bool),
+        request.expand,
+        "the encoder's keys and values of input_ids",
+        "pass the input_ids (and attention_mask) the cache was made from",
+    )
+
+
+def _check_layers(
+    mine: list[Any], theirs: list[Any], real: np.ndarray, expand: int, held: str, fix: str
+) -> None:
+    """The first of ``theirs`` (the caller's cache layers) that holds every position of ``real``
+    (``[rows, positions]``: which hold tokens) holds ``mine``'s keys and values there, or a ``ValueError``
+    says the cache does not hold ``held`` and what to do (``fix``)."""
+    length = real.shape[1]
+    for index, (ours, given) in enumerate(zip(mine, theirs)):
+        keys = getattr(given, "keys", None)
+        if getattr(given, "is_sliding", False) or keys is None or keys.shape[2] < length:
             continue  # a sliding layer keeps its window only
-        if mine.keys.shape[2] != length:
+        if ours.keys.shape[2] != length:
             continue
         for name in ("keys", "values"):  # a static layer's first `length` slots hold the tokens
-            a = getattr(mine, name)[:: request.expand].float().numpy().transpose(0, 2, 1, 3)[real]
-            b = getattr(theirs, name)[:, :, :length].detach().cpu().float().numpy()
+            a = getattr(ours, name)[::expand].float().numpy().transpose(0, 2, 1, 3)[real]
+            b = getattr(given, name)[:, :, :length].detach().cpu().float().numpy()
             b = b.transpose(0, 2, 1, 3)[real]
             if a.shape != b.shape or not np.allclose(a, b, rtol=2e-2, atol=2e-2 * np.abs(b).max()):
                 raise ValueError(
-                    f"past_key_values does not hold input_ids' first {length} tokens (layer {index}'s "
-                    f"{name} differ from what this model computes for them): pass the ids the cache was "
-                    "made from, e.g. an earlier result's sequences with its past_key_values"
+                    f"past_key_values does not hold {held} (layer {index}'s {name} differ from what this "
+                    f"model computes for them): {fix}"
                 )
         return
 

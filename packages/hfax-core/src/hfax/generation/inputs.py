@@ -59,8 +59,9 @@ PASSED_ON_SETTINGS = frozenset({"output_attentions", "output_hidden_states"})
 
 def callers_cache(module: Any, leftovers: dict[str, Any]) -> Any:
     """The cache the caller handed ``generate`` (under the name the model's forward gives it, or
-    ``past_key_values``), taken out of ``leftovers``: a transformers ``Cache`` of a decoder-only model, or ``None``; anything else is
-    refused, naming why."""
+    ``past_key_values``), taken out of ``leftovers``: a transformers ``Cache`` (an ``EncoderDecoderCache``
+    for an encoder-decoder, another one for a decoder-only model), or ``None``; anything else is refused,
+    naming why."""
     from transformers.cache_utils import Cache, EncoderDecoderCache
 
     from hfax.signatures import cache_parameter
@@ -77,14 +78,16 @@ def callers_cache(module: Any, leftovers: dict[str, Any]) -> Any:
     cache = given[0] if given else None
     if cache is None:
         return None
-    if isinstance(cache, EncoderDecoderCache):
-        raise NotImplementedError(
-            "hfax's generate takes a caller's cache for decoder-only models; for an encoder-decoder, "
-            "pass the inputs alone (its encoder and decoder prompt run again in prefill)"
-        )
     if not isinstance(cache, Cache):
         raise NotImplementedError(
             f"hfax's generate does not take a {type(cache).__name__} cache: {CACHE_REFUSED}"
+        )
+    encoder_decoder = bool(getattr(module.config, "is_encoder_decoder", False))
+    if isinstance(cache, EncoderDecoderCache) != encoder_decoder:
+        wanted = "an EncoderDecoderCache" if encoder_decoder else "a decoder-only model's cache"
+        raise ValueError(
+            f"{type(module).__name__} takes {wanted} (an earlier result's past_key_values), not a "
+            f"{type(cache).__name__}"
         )
     return cache
 

@@ -72,8 +72,9 @@ class Request:
     criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done.
     ``finish`` turns the sequences into the model's own result where its ``generate`` differs (its family's
     :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
-    ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``): the
-    prefill computes those tokens again from the ids and the driver checks they are the cache's.
+    ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``; an
+    encoder-decoder's ``EncoderDecoderCache`` of its decoder prompt's): the prefill computes those tokens
+    again from the ids and the driver checks they are the cache's.
     ``host`` chooses the tokens on the host when a processor has no compiled twin (``steps`` is then
     empty: :mod:`hfax.generation.host_choice`).
     """
@@ -384,7 +385,8 @@ def prepare(
             )
         mask = np.ones_like(ids, dtype=bool)
     width = 0 if embedded else ids.shape[1]
-    cached = _cached_length(cache, ids, embeds is not None, features)
+    decoder_mask = encoder_decoder and leftovers.get("decoder_attention_mask") is not None
+    cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
     if "position_ids" in extra:
         _check_given_positions(module, extra["position_ids"], ids, encoder_decoder)
     if traits.result is not None:
@@ -530,11 +532,22 @@ def _check_given_positions(
         )
 
 
-def _cached_length(cache: Any, ids: np.ndarray, embedded: bool, features: frozenset[str]) -> int:
+def _cached_length(
+    cache: Any,
+    ids: np.ndarray,
+    embedded: bool,
+    features: frozenset[str],
+    decoder_mask: bool = False,
+) -> int:
     """How many of the prompt's first tokens the caller's ``cache`` holds (0 for none or an empty one), or
     an error before anything compiles: the cache has the prompt's rows and leaves at least one token to
     feed, as transformers requires; the engine can hand caches back (``"cache_output"``), which the check
-    of its contents needs."""
+    of its contents needs.
+
+    An encoder-decoder's prompt is ``decoder_input_ids``. transformers reads them as the cached tokens and
+    new ones only when ``decoder_attention_mask`` covers them (``decoder_mask``); without it, as the tokens
+    after the cached ones, whose ids hfax needs to compute the cache again: that is refused, saying what
+    to pass."""
     if cache is None:
         return 0
     length = int(cache.get_seq_length())
@@ -546,16 +559,23 @@ def _cached_length(cache: Any, ids: np.ndarray, embedded: bool, features: frozen
         )
     if "cache_output" not in features:
         raise NotImplementedError("this backend's generate does not take a caller's cache")
+    held = getattr(cache, "self_attention_cache", cache)
+    name = "input_ids" if held is cache else "decoder_input_ids"
+    if held is not cache and not decoder_mask:
+        raise NotImplementedError(
+            "with an EncoderDecoderCache and no decoder_attention_mask, transformers' generate reads "
+            "decoder_input_ids as the tokens after the cached ones, and hfax computes the cache again on "
+            "device from the cached tokens' ids: pass decoder_input_ids holding the cached tokens and the "
+            "new ones (an earlier result's sequences) with decoder_attention_mask of ones over them"
+        )
     rows = (
-        cache.layers[0].keys.shape[0]
-        if getattr(cache.layers[0], "keys", None) is not None
-        else None
+        held.layers[0].keys.shape[0] if getattr(held.layers[0], "keys", None) is not None else None
     )
     if rows is not None and rows != ids.shape[0]:
-        raise ValueError(f"past_key_values holds {rows} rows but input_ids has {ids.shape[0]}")
+        raise ValueError(f"past_key_values holds {rows} rows but {name} has {ids.shape[0]}")
     if length >= ids.shape[1]:
         raise ValueError(
-            f"past_key_values holds {length} tokens and input_ids {ids.shape[1]}: input_ids must hold the "
+            f"past_key_values holds {length} tokens and {name} {ids.shape[1]}: {name} must hold the "
             "cached tokens and at least one more (the earlier result's sequences)"
         )
     return length

@@ -583,30 +583,47 @@ class JaxEngine:
         run.state = {**run.state, "tokens": {**chosen, "ids": ids, "finished": finished}}
         return run
 
-    def cache(self, run: Run, rows: int, start: int, end: int) -> Any:
+    def cache(self, run: Run, rows: int, start: int, end: int, source: int | None = None) -> Any:
         """The attention layers' keys and values in slots ``[start, end)`` as a transformers
         ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep), on the
-        CPU in the weights' dtype; ``None`` for an encoder-decoder or a layer with other states."""
-        from transformers.cache_utils import DynamicCache
+        CPU in the weights' dtype; an encoder-decoder's as an ``EncoderDecoderCache`` whose cross-attention
+        part holds the encoder's first ``source`` positions (all with ``None``); ``None`` for a layer with
+        other states."""
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         static, states = run.static, run.state["states"]
-        if static.encoder_decoder or any(set(layer) != {"keys", "values"} for layer in states):
+        groups = [states["self"], states["cross"]] if static.encoder_decoder else [states]
+        if any(set(layer) != {"keys", "values"} for group in groups for layer in group):
             return None
         in_place = _layout(
             self.model, static, run.state["valid"].shape[0], static.decoding.capacity
         ).in_place_cache
         dtype = getattr(torch, jnp.dtype(self.model.dtype).name)
 
-        def host(value: Any, transposed: bool = False) -> torch.Tensor:
+        def host(value: Any, window: slice, transposed: bool = False) -> torch.Tensor:
             # The whole buffer to the host, cut there: eager cuts on the device compile one per shape.
             value = np.asarray(value)
             value = np.swapaxes(value, 2, 3) if transposed else value
-            return torch.from_numpy(value[:rows, :, start:end].astype(np.float32)).to(dtype)
+            return torch.from_numpy(value[:rows, :, window].astype(np.float32)).to(dtype)
 
-        cache = DynamicCache(config=self.model.config)
-        for index, layer in enumerate(states):
-            cache.update(host(layer["keys"], in_place), host(layer["values"]), index)
-        return cache
+        def dynamic(layers: list[dict[str, Any]], window: slice) -> Any:
+            cache = DynamicCache(config=self.model.config)
+            # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
+            # own generate fails there): a cache that adds them as they come.
+            if len(cache.layers) < len(layers):
+                cache = DynamicCache()
+            for index, layer in enumerate(layers):
+                keys = host(layer["keys"], window, in_place)
+                cache.update(keys, host(layer["values"], window), index)
+            return cache
+
+        if not static.encoder_decoder:
+            return dynamic(states, slice(start, end))
+        # Filled before wrapping: the wrapper marks the cross-attention layers it finds filled as read.
+        return EncoderDecoderCache(
+            dynamic(states["self"], slice(start, end)),
+            dynamic(states["cross"], slice(0, source)),
+        )
 
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()

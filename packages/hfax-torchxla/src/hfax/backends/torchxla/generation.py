@@ -647,28 +647,44 @@ class TorchXlaEngine:
         torch_xla.sync()
         return run
 
-    def cache(self, run: Run, rows: int, start: int, end: int) -> Any:
+    def cache(self, run: Run, rows: int, start: int, end: int, source: int | None = None) -> Any:
         """The attention layers' keys and values in slots ``[start, end)`` of the prompt's bucket as a
-        transformers ``DynamicCache`` for the model's config, on the CPU; ``None`` for an encoder-decoder
-        or a layer with other states."""
+        transformers ``DynamicCache`` for the model's config, on the CPU; an encoder-decoder's as an
+        ``EncoderDecoderCache`` whose cross-attention part holds the encoder's first ``source`` positions
+        (all with ``None``); ``None`` for a layer with other states."""
         from transformers.cache_utils import DynamicCache
 
-        layers = run.cache.layers
+        if run.cache is None:
+            return None
         plain = all(
             isinstance(layer, StaticLayer)
             and layer.is_initialized
             and not getattr(layer, "is_indexer_initialized", False)
-            for layer in layers
+            for layer in _layers(run.cache)
         )
-        if run.source is not None or not plain:
+        if not plain:
             return None
+
+        def dynamic(layers: list[Any], window: slice) -> Any:
+            cache = DynamicCache(config=self.model.config)
+            # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
+            # own generate fails there): a cache that adds them as they come.
+            if len(cache.layers) < len(layers):
+                cache = DynamicCache()
+            for index, layer in enumerate(layers):
+                # Whole buffers to the host, cut there: a cut on the device would be a program per shape.
+                keys, values = (t.cpu()[:rows, :, window] for t in (layer.keys, layer.values))
+                cache.update(keys, values, index)
+            return cache
+
         window = slice(run.grow + start, run.grow + end)
-        cache = DynamicCache(config=self.model.config)
-        for index, layer in enumerate(layers):
-            # Whole buffers to the host, cut there: a cut on the device would be a program per shape.
-            keys, values = (t.cpu()[:rows, :, window] for t in (layer.keys, layer.values))
-            cache.update(keys, values, index)
-        return cache
+        if run.source is None:
+            return dynamic(run.cache.layers, window)
+        # Filled before wrapping: the wrapper marks the cross-attention layers it finds filled as read.
+        return EncoderDecoderCache(
+            dynamic(run.cache.self_attention_cache.layers, window),
+            dynamic(run.cache.cross_attention_cache.layers, slice(0, source)),
+        )
 
     def counters(self) -> tuple[int, float]:
         counters = runtime.counters()
