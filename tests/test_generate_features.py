@@ -943,8 +943,16 @@ def assert_encoder_decoder_cache_equal(got, want, decoder_positions=None):
         ("bart", dict(use_cache=False)),
         ("bart", dict(max_new_tokens=10, eos_token_id=113)),
         ("t5", dict()),
+        ("bart", dict(cache_implementation="static")),
     ],
-    ids=["bart-greedy", "bart-beams", "bart-use_cache_false", "bart-a-row-ends-early", "t5-greedy"],
+    ids=[
+        "bart-greedy",
+        "bart-beams",
+        "bart-use_cache_false",
+        "bart-a-row-ends-early",
+        "t5-greedy",
+        "bart-static",
+    ],
 )
 def test_an_encoder_decoders_cache_is_transformers(tiny, name, options):
     """An encoder-decoder's ``past_key_values``: transformers' ``EncoderDecoderCache`` after the call, its
