@@ -378,10 +378,11 @@ _FIRST = (
 TORCHXLA_FEATURE_GROUPS = (_FIRST, f"not ({_FIRST})")
 
 #: hfax-torchxla's tests in two processes, split by file (a file's tests count the programs their process
-#: compiled since the file's own first call, never another file's): the layers, sharding and plugin files,
+#: compiled since the file's own first call, never another file's): the conformance, layers, sharding and
+#: plugin files,
 #: and the rest.
 TORCHXLA_PACKAGE_GROUPS = (
-    ("test_generate_layers.py", "test_sharding.py", "test_plugin.py"),
+    ("test_conformance.py", "test_generate_layers.py", "test_sharding.py", "test_plugin.py"),
     ("test_forward.py", "test_generate.py", "test_generate_multimodal.py",
      "test_generate_seq2seq.py", "test_load.py"),
 )  # fmt: skip
@@ -810,7 +811,7 @@ def oldest_declared_transformers() -> str:
 #: model (LLaVA), the seq2seq models whose decoder layers hfax replaces and so calls by the release's argument
 #: names (LED, FSMT, BERT as a decoder), and a serve smoke test, on the JAX backend, in one pytest run.
 #: (Paths relative to the repository.)
-_SEQ2SEQ = "packages/hfax-jax/tests/test_generate_seq2seq.py::test_greedy_matches_transformers"
+_SEQ2SEQ = "packages/hfax-jax/tests/test_conformance.py::test_generates_like_transformers"
 TRANSFORMERS_SLICE = (
     "tests/test_parity.py",
     "tests/test_generate_features.py",
