@@ -379,8 +379,7 @@ TORCHXLA_FEATURE_GROUPS = (_FIRST, f"not ({_FIRST})")
 
 #: hfax-torchxla's tests in two processes, split by file (a file's tests count the programs their process
 #: compiled since the file's own first call, never another file's): the conformance, layers, sharding and
-#: plugin files,
-#: and the rest.
+#: plugin files, and the rest.
 TORCHXLA_PACKAGE_GROUPS = (
     ("test_conformance.py", "test_generate_layers.py", "test_sharding.py", "test_plugin.py"),
     ("test_forward.py", "test_generate.py", "test_generate_multimodal.py",
