@@ -20,6 +20,7 @@ from hfax.testing import (
     TINY_SPECIAL,
     as_numpy,
     assert_same_continuation,
+    conformance,
     left_padded,
     save_tiny,
     tiny_config,
@@ -62,6 +63,9 @@ SEQ2SEQ_CONFIGS = {"bart": bart_config, "t5": t5_config}
 
 CONFIGS = {
     "llama": lambda: tiny_config("llama"),
+    "openai_gpt": lambda: conformance.config(
+        "openai_gpt"
+    ),  # no cache: every step reads the sequence
     "gemma3": lambda: tiny_config("gemma3"),
     "gpt2": lambda: tiny_config("gpt2"),
 }
@@ -781,6 +785,23 @@ def test_hidden_states_and_attentions_are_transformers(eager, backend, options):
     got = model.generate(ids, attention_mask=mask, **options)
     np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
     assert_layer_outputs_equal(got, want, mask)
+
+
+def test_layer_outputs_of_a_model_without_a_cache_are_refused(tiny):
+    """A model that decodes without a cache (GPT-1: every step reads the whole sequence) has no one-token
+    step to record: ``output_hidden_states`` is refused by name before the prefill runs, and the model
+    still gives transformers' tokens."""
+    reference, model = tiny("openai_gpt")
+    ids = np.array([PROMPTS[0]])
+    asked = dict(max_new_tokens=4, return_dict_in_generate=True, output_hidden_states=True)
+    counters = model.last_generate_stats
+    with pytest.raises(NotImplementedError, match="reads the whole sequence at every step"):
+        model.generate(ids, **asked)
+    assert model.last_generate_stats is counters  # the refused call ran nothing
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, max_new_tokens=4)),
+        transformers_generate(reference, ids, max_new_tokens=4).numpy(),
+    )
 
 
 def test_sampled_hidden_states_are_the_forwards_over_the_sampled_tokens(tiny, backend):
