@@ -2,14 +2,14 @@
 
 One worker thread owns the engine (a :class:`hfax.generation.slots.SlotEngine`, which the backend's
 :meth:`hfax.Backend.serving_engine` builds) and loops: release rows whose request finished or was
-cancelled, prefill the waiting requests that fit into free rows (first in, first out; all of them
-together, in one program of the engine), move the last busy rows down into
+cancelled, prefill the waiting requests that fit into free rows (first in, first out; those of one
+prompt bucket together, in one program of the engine), move the last busy rows down into
 free rows below them, run one decode chunk over the leading rows that hold every request, hand each request
 its new tokens. Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
 :class:`Sequence`'s ``deliver`` callback, called on the worker thread.
 
-The cache columns a request will use are known when it is admitted (the bucket of the longest prompt
-admitted with it before the engine's clock, its ``max_new`` after it), so admission checks they fit and
+The cache columns a request will use are known when it is admitted (its prompt's bucket before the
+engine's clock, ``max_new`` after it), so admission checks they fit and
 otherwise shifts every row, or waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column
 layout).
 
@@ -200,9 +200,9 @@ class Scheduler:
 
     def _take_admissible(self) -> list[tuple[int, Sequence]]:
         """Waiting sequences that get a free row now, first come first served, to be prefilled together
-        (:meth:`_admit`): padded into one bucket, the longest prompt's, all ending at the engine's clock,
-        which is shifted (or restarted) once so that the bucket fits before it and the longest
-        ``max_new`` after it. The first sequence that does not fit beside those before it waits."""
+        (:meth:`_admit`), every prompt's bucket ending at the engine's clock, which is shifted (or
+        restarted) once so that the longest bucket fits before it and the longest ``max_new`` after it.
+        The first sequence that does not fit beside those before it waits."""
         free = [row for row, sequence in enumerate(self._rows) if sequence is None]
         taken: list[Sequence] = []
         size = most = 0
@@ -230,7 +230,8 @@ class Scheduler:
         for row, sequence in zip(free, taken):
             self._waiting.popleft()
             self._rows[row], sequence.row = sequence, row
-            self._spans[row] = (clock - size, clock + sequence.max_new)
+            bucket = self.engine.bucket(len(sequence.ids))
+            self._spans[row] = (clock - bucket, clock + sequence.max_new)
         return list(zip(free, taken))
 
     def _fits(self, bucket: int, max_new: int) -> bool:
@@ -269,7 +270,18 @@ class Scheduler:
                 self._spans[free] = self._spans.pop(last)
 
     def _admit(self, admitted: list[tuple[int, Sequence]]) -> None:
-        """Prefill every admitted sequence into its row in one engine call, and deliver each first token."""
+        """Prefill the admitted sequences into their rows: one engine call per prompt bucket among them, in
+        the order of each bucket's first sequence, each call's first tokens delivered as it returns. A call
+        pads its prompts into one bucket: prompts of a bucket go together, and a short prompt never pays
+        for a long one's columns (docs/PERFORMANCE.md, "batched admission")."""
+        groups: dict[int, list[tuple[int, Sequence]]] = {}
+        for row, sequence in admitted:
+            groups.setdefault(self.engine.bucket(len(sequence.ids)), []).append((row, sequence))
+        for group in groups.values():
+            self._prefill(group)
+
+    def _prefill(self, admitted: list[tuple[int, Sequence]]) -> None:
+        """Prefill ``admitted`` in one engine call, and deliver each first token."""
         requests = [
             Admission(
                 row,
