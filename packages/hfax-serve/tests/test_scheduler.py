@@ -167,9 +167,9 @@ def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
 
 
 def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket():
-    """Three requests queued while the worker waits (prompts of 3, 20 and 5 tokens) are admitted in one
+    """Three requests queued while the worker waits (prompts of 20, 3 and 5 tokens) are admitted in one
     loop turn, the clock where the 32-column bucket of the longest fits: one engine call for the two
-    16-column prompts, one for the other; a fourth, whose columns do not fit beside theirs, waits for a
+    16-column prompts, then one for the other (shortest first); a fourth, whose columns do not fit beside theirs, waits for a
     later call, and every request gets its tokens."""
     engine = ColumnsEngine(slots=4, length=64, chunk=4)
     scheduler = Scheduler(engine, eos=[], max_queue=8)
@@ -187,7 +187,7 @@ def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket(
 
         return take
 
-    jobs = [([1] * 3, 10), ([1] * 20, 12), ([1] * 5, 8), ([1] * 3, 40)]
+    jobs = [([1] * 20, 12), ([1] * 3, 10), ([1] * 5, 8), ([1] * 3, 40)]
     try:
         with scheduler._wake:  # the worker takes nothing until all four are queued
             for i, (ids, n) in enumerate(jobs):
@@ -196,7 +196,7 @@ def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket(
     finally:
         scheduler.close()
     assert [len(got[i]) for i in range(4)] == [n for _, n in jobs]
-    assert engine.admits == [[0, 2], [1], [0]]
+    assert engine.admits == [[1, 2], [0], [0]]
     assert engine.restarts[0] == 2 * BUCKET and engine.admitted_at[:3] == [2 * BUCKET] * 3
 
 
