@@ -57,16 +57,19 @@ class StandInEngine:
     def bucket(self, length: int) -> int:
         return max(16, 1 << (length - 1).bit_length())
 
-    def admit(self, row: int, ids: list[int], sampling: Any, max_new: int, allowed: Any = None) -> dict[str, Any]:  # fmt: skip
+    def admit(self, requests: list[Any]) -> list[dict[str, Any]]:
         from hfax.generation.rows import TOP_LOGPROBS
 
-        self.left[row], self.next[row] = max_new - 1, len(ids)
-        return {
-            "token": np.int32(self._token(row)),
-            "logprob": np.float32(0.0),
-            "top_ids": np.zeros((TOP_LOGPROBS,), np.int32),
-            "top_logprobs": np.zeros((TOP_LOGPROBS,), np.float32),
-        }
+        choices = []
+        for request in requests:
+            self.left[request.row], self.next[request.row] = request.max_new - 1, len(request.ids)
+            choices.append({
+                "token": np.int32(self._token(request.row)),
+                "logprob": np.float32(0.0),
+                "top_ids": np.zeros((TOP_LOGPROBS,), np.int32),
+                "top_logprobs": np.zeros((TOP_LOGPROBS,), np.float32),
+            })  # fmt: skip
+        return choices
 
     def _token(self, row: int) -> int:
         self.next[row] += 1

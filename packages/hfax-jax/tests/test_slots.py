@@ -9,6 +9,7 @@ import pytest
 from hfax.backends.jax import monitor
 from hfax.backends.jax.slots import SlotEngine, check_servable
 from hfax.generation.rows import Sampling
+from hfax.generation.slots import Admission
 
 PROMPTS = [
     [1, 5, 9, 30, 40],
@@ -24,17 +25,23 @@ def _generated(model, prompt, **options):
     return out[0, len(prompt) :].tolist()
 
 
+def _admit(engine: SlotEngine, row: int, prompt: list[int], sampling: Sampling, **options) -> dict:
+    """One request admitted alone: its first token's choice."""
+    return engine.admit([Admission(row, prompt, sampling, NEW, **options)])[0]
+
+
 def _run(engine: SlotEngine, schedule) -> dict[int, list[int]]:
-    """Admit ``(row, prompt, sampling)`` entries chunk by chunk (one list per chunk; ``int`` entries shift
-    the cache by that much), and collect every row's tokens until all finished."""
+    """Admit ``(row, prompt, sampling)`` entries chunk by chunk (one list per chunk, admitted together;
+    ``int`` entries shift the cache by that much first), and collect every row's tokens until all
+    finished."""
     tokens: dict[int, list[int]] = {}
     for entries in schedule:
         for entry in entries:
             if isinstance(entry, int):
                 engine.shift(entry)
-                continue
-            row, prompt, sampling = entry
-            tokens[row] = [int(engine.admit(row, prompt, sampling, NEW)["token"])]
+        admitted = [Admission(*entry, NEW) for entry in entries if not isinstance(entry, int)]
+        for request, chosen in zip(admitted, engine.admit(admitted) if admitted else []):
+            tokens[request.row] = [int(chosen["token"])]
         engine.decode(engine.chunk, max(tokens) + 1)
         chunk = engine.read()
         for row in tokens:
@@ -73,6 +80,41 @@ def test_rows_joining_a_running_batch_get_their_generate_tokens(tiny, sizes):
     assert tokens[3] == sampled
 
 
+def test_prompts_admitted_together_get_their_generate_tokens(tiny):
+    # Three prompts of 5, 18 and 2 tokens, greedy and sampled, prefilled in one program beside a running
+    # row: padded into the 32-token bucket of the longest, with a fourth row of padding that lands in no row
+    # (had it been clipped into the last row, row 4's request would be lost), each gets the tokens
+    # generate gives it alone, and the running row keeps its own.
+    _, _, model = tiny("llama")
+    greedy = [_generated(model, p, do_sample=False) for p in PROMPTS]
+    sampled = _generated(model, PROMPTS[0], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=5, length=96, chunk=4)
+    schedule = [
+        [40, (1, PROMPTS[1], Sampling(0.0))],
+        [
+            (4, PROMPTS[2], Sampling(0.0)),
+            (0, PROMPTS[0], Sampling(**SAMPLED)),
+            (2, PROMPTS[1], Sampling(0.0)),
+        ],
+    ]
+    tokens = _run(engine, schedule)
+    assert tokens[1] == greedy[1] and tokens[2] == greedy[1] and tokens[4] == greedy[2]
+    assert tokens[0] == sampled
+
+
+def test_admit_refuses_what_it_cannot_do_before_running(tiny):
+    _, _, model = tiny("llama")
+    engine = SlotEngine(model, slots=2, length=96, chunk=4)
+    with pytest.raises(ValueError, match="distinct rows from 0 to 1"):
+        engine.admit([Admission(1, [1], Sampling(), NEW), Admission(1, [2], Sampling(), NEW)])
+    with pytest.raises(ValueError, match="distinct rows from 0 to 1"):
+        engine.admit([Admission(2, [1], Sampling(), NEW)])
+    with pytest.raises(ValueError, match="row 0 is empty"):
+        engine.admit([Admission(0, [], Sampling(), NEW)])
+    with pytest.raises(ValueError, match="at least one request"):
+        engine.admit([])
+
+
 def test_sampled_rows_without_top_p_draw_generates_tokens_with_or_without_a_top_p_neighbour(tiny):
     # A batch whose sampled rows all keep top_p 1 skips the top-p cutoff (rows.WORKS); once a row with top_p
     # 0.9 joins, every row goes through it. Either way a row draws what generate draws alone.
@@ -89,7 +131,15 @@ def test_sampled_rows_without_top_p_draw_generates_tokens_with_or_without_a_top_
 def test_new_settings_and_rows_compile_nothing(tiny):
     _, _, model = tiny("llama")
     engine = SlotEngine(model, slots=4, length=96, chunk=4)
-    _run(engine, [[40, (0, PROMPTS[0], Sampling(0.0)), (1, PROMPTS[2], Sampling(**SAMPLED))]])
+    # Decode programs for 1, 2 and 4 rows; prefills of one and of two requests admitted together.
+    _run(
+        engine,
+        [
+            [40, (0, PROMPTS[0], Sampling(0.0))],
+            [(1, PROMPTS[2], Sampling(**SAMPLED))],
+            [(2, PROMPTS[0], Sampling(0.0)), (3, PROMPTS[2], Sampling(0.0))],
+        ],
+    )
     before = monitor.snapshot().compiles
     for i, prompt in enumerate(PROMPTS[::2] * 2):
         _run(engine, [[(i, prompt, Sampling(0.1 * i, 1 - 0.1 * i, seed=i, choice=i))], [-2]])
@@ -118,8 +168,8 @@ def test_a_request_moved_to_another_row_keeps_its_generate_tokens(tiny):
     engine = SlotEngine(model, slots=4, length=96, chunk=4)
     engine.shift(40)
     tokens = {
-        3: [int(engine.admit(3, PROMPTS[1], Sampling(0.0), NEW)["token"])],
-        2: [int(engine.admit(2, PROMPTS[0], Sampling(**SAMPLED), NEW)["token"])],
+        3: [int(_admit(engine, 3, PROMPTS[1], Sampling(0.0))["token"])],
+        2: [int(_admit(engine, 2, PROMPTS[0], Sampling(**SAMPLED))["token"])],
     }
     engine.decode(engine.chunk, 4)
     chunk = engine.read()
@@ -160,11 +210,13 @@ def test_allowed_tokens_narrow_a_rows_choice_and_leave_its_neighbour_as_it_is(ti
     allowed = [5, 31, 40, 77]
     bits = _bits(allowed, (engine.vocab + 31) // 32)
     every = np.full_like(bits, -1)
-    first = engine.admit(0, PROMPTS[0], Sampling(0.0, logprobs=True), NEW, allowed=bits)
-    tokens = {
-        0: [int(first["token"])],
-        1: [int(engine.admit(1, PROMPTS[1], Sampling(0.0), NEW)["token"])],
-    }
+    first, other = engine.admit(  # together: the row without a grammar is allowed every token
+        [
+            Admission(0, PROMPTS[0], Sampling(0.0, logprobs=True), NEW, allowed=bits),
+            Admission(1, PROMPTS[1], Sampling(0.0), NEW),
+        ]
+    )
+    tokens = {0: [int(first["token"])], 1: [int(other["token"])]}
     logprobs = [float(first["logprob"])]
     finished = np.zeros(2, bool)
     while not finished.all():

@@ -71,8 +71,8 @@ class RecordingEngine:
     def __init__(self, slots: int) -> None:
         self.slots, self.calls = slots, []
 
-    def admit(self, row, ids, sampling, max_new):
-        self.calls.append(("admit", row))
+    def admit(self, requests):
+        self.calls.append(("admit", [request.row for request in requests]))
 
     def decode(self, steps, rows):
         self.calls.append(("decode", rows))
@@ -114,7 +114,10 @@ def test_the_server_warms_up_the_engine_its_backend_declares():
     backend, model = Serving(), object()
     engine = serve.engine(backend, model, slots=4, length=64)
     assert backend.asked == (model, 4, 64, serve.CHUNK)
-    # A decode program for 1, 2 and 4 busy rows, then every row free and the clock back at 0.
+    # A prefill of 1, 2 and 4 prompts together and a decode program for as many busy rows, then every
+    # row free and the clock back at 0.
     decodes = [call[1] for call in engine.calls if call[0] == "decode"]
     assert decodes == [1, 2, 4]
+    admits = [call[1] for call in engine.calls if call[0] == "admit"]
+    assert admits == [[0], [0, 1], [0, 1, 2, 3]]
     assert engine.calls[-3:] == [("release", True), ("shift", 0), ("restart", 0)]

@@ -19,9 +19,10 @@ BUCKET = 16
 
 
 class ColumnsEngine:
-    """Every prompt takes one bucket; each of the leading rows a chunk runs emits token 7 until its
+    """A prompt takes a bucket of 16 columns, or 32 past 16 tokens; each of the leading rows a chunk runs emits token 7 until its
     ``max_new``; the clock advances by the chunk's steps; ``shift``, ``move`` and ``restart`` are
-    recorded, and so are the ``allowed`` tokens of each admit and decode."""
+    recorded, and so are the rows of each admit call and the ``allowed`` tokens of each admit and
+    decode."""
 
     vocab = 40  # two words of allowed bits per row
 
@@ -34,25 +35,30 @@ class ColumnsEngine:
         self.moves: list[tuple[int, int]] = []
         self.rows_run: list[int] = []
         self.admitted_at: list[int] = []
+        self.admits: list[list[int]] = []  # the rows of each admit call
 
     def bucket(self, length: int) -> int:
-        return BUCKET
+        return BUCKET if length <= BUCKET else 2 * BUCKET
 
-    def admit(
-        self, row: int, ids: list[int], sampling: Sampling, max_new: int, allowed=None
-    ) -> dict:
-        assert self.clock >= BUCKET and self.clock + max_new <= self.length, (
-            "columns outside the rows"
-        )
-        self.allowed.append(("admit", 1, allowed))
-        self.admitted_at.append(self.clock)
-        self.left[row] = max_new - 1
-        return {
-            "token": 7,
-            "logprob": 0.0,
-            "top_ids": np.zeros(5, int),
-            "top_logprobs": np.zeros(5),
-        }
+    def admit(self, requests) -> list[dict]:
+        size = max(self.bucket(len(request.ids)) for request in requests)
+        most = max(request.max_new for request in requests)
+        assert self.clock >= size and self.clock + most <= self.length, "columns outside the rows"
+        self.admits.append([request.row for request in requests])
+        choices = []
+        for request in requests:
+            self.allowed.append(("admit", 1, request.allowed))
+            self.admitted_at.append(self.clock)
+            self.left[request.row] = request.max_new - 1
+            choices.append(
+                {
+                    "token": 7,
+                    "logprob": 0.0,
+                    "top_ids": np.zeros(5, int),
+                    "top_logprobs": np.zeros(5),
+                }
+            )
+        return choices
 
     def decode(self, steps: int, rows: int, allowed=None) -> None:
         self.allowed.append(("decode", steps, allowed))
@@ -158,6 +164,40 @@ def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
     assert [len(tokens) for tokens in got.values()] == [5, 5, 13]
     assert engine.moves == [(2, 0)]
     assert engine.rows_run == [3, 1, 1]
+
+
+def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket():
+    """Three requests queued while the worker waits (prompts of 20, 3 and 5 tokens) are admitted in one
+    loop turn, the clock where the 32-column bucket of the longest fits: one engine call for the two
+    16-column prompts, then one for the other (shortest first); a fourth, whose columns do not fit beside theirs, waits for a
+    later call, and every request gets its tokens."""
+    engine = ColumnsEngine(slots=4, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    got: dict[int, list[int]] = {i: [] for i in range(4)}
+    finished: list[int] = []
+    done = threading.Event()
+
+    def deliver(i: int):
+        def take(event) -> None:
+            got[i].extend(event.ids)
+            if event.finish:
+                finished.append(i)
+                if len(finished) == len(got):
+                    done.set()
+
+        return take
+
+    jobs = [([1] * 20, 12), ([1] * 3, 10), ([1] * 5, 8), ([1] * 3, 40)]
+    try:
+        with scheduler._wake:  # the worker takes nothing until all four are queued
+            for i, (ids, n) in enumerate(jobs):
+                scheduler.submit([Sequence(ids, n, Sampling(0.0), deliver(i))])
+        assert done.wait(10)
+    finally:
+        scheduler.close()
+    assert [len(got[i]) for i in range(4)] == [n for _, n in jobs]
+    assert engine.admits == [[1, 2], [0], [0]]
+    assert engine.restarts[0] == 2 * BUCKET and engine.admitted_at[:3] == [2 * BUCKET] * 3
 
 
 class Grammar:

@@ -11,6 +11,7 @@ the server and the server drives it without naming a backend.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,6 +33,19 @@ class Chunk:
     finished: np.ndarray
 
 
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """One request for :meth:`SlotEngine.admit`: its prompt ``ids`` to prefill into the free ``row``, its
+    ``sampling`` settings and ``max_new`` limit, and ``allowed``, the tokens its first token may be (a
+    packed bitmask, int32 ``[ceil(vocab / 32)]``, :func:`hfax.generation.rows.allow`), ``None`` for any."""
+
+    row: int
+    ids: list[int]
+    sampling: Sampling
+    max_new: int
+    allowed: np.ndarray | None = None
+
+
 @dataclasses.dataclass
 class Scored:
     """A prompt's own log-probabilities (host arrays): for each token after the first, ``logprobs`` the
@@ -47,9 +61,10 @@ class SlotEngine(Protocol):
     """What a backend gives the scheduler: a fixed number of rows decoded together.
 
     A row may be constrained by a grammar (OpenAI's ``response_format``): its next token must be one that
-    the host allows, and the host knows which only after the token before it. :meth:`admit` and
-    :meth:`decode` take those tokens as ``allowed``, a packed bitmask (:func:`hfax.generation.rows.allow`),
-    and :meth:`decode` then runs one step; without ``allowed`` they run as they would without grammars."""
+    the host allows, and the host knows which only after the token before it. :meth:`admit` (per
+    :class:`Admission`) and :meth:`decode` take those tokens as ``allowed``, a packed bitmask
+    (:func:`hfax.generation.rows.allow`), and :meth:`decode` then runs one step; without ``allowed`` they run
+    as they would without grammars."""
 
     slots: int
     length: int
@@ -60,16 +75,10 @@ class SlotEngine(Protocol):
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
 
-    def admit(
-        self,
-        row: int,
-        ids: list[int],
-        sampling: Sampling,
-        max_new: int,
-        allowed: np.ndarray | None = None,
-    ) -> dict[str, Any]:
-        """Prefill ``ids`` into ``row`` ending at the clock; the first token's choice, on the host, among
-        the tokens ``allowed`` (int32 ``[ceil(vocab / 32)]``) lets it choose when given."""
+    def admit(self, requests: Sequence[Admission]) -> list[dict[str, Any]]:
+        """Prefill each request's ``ids`` into its row, every prompt ending at the clock, in one program;
+        each request's first token's choice, on the host, in order (a dict of ``token``, ``logprob``,
+        ``top_ids``, ``top_logprobs``)."""
 
     def score(self, ids: list[int]) -> Scored:
         """``ids``' own log-probabilities (what ``echo`` with ``logprobs`` answers), in a forward of their

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import SlotEngine
+from hfax.generation.slots import Admission, SlotEngine
 from hfax.specs import Backend
 
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
@@ -43,12 +43,15 @@ def context_length(model: Any, requested: int | None) -> int:
 
 def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = CHUNK) -> SlotEngine:
     """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`), its programs compiled
-    by one throwaway request."""
+    by throwaway requests: for every power of two of busy rows a decode program, and a prefill of that
+    many one-token prompts admitted together (requests arriving together, or one request's ``n``
+    choices, then compile nothing until a longer prompt comes)."""
     slot_engine = backend.serving_engine(model, slots=slots, length=length, chunk=chunk)
-    slot_engine.admit(0, [0], Sampling(), 2)
     rows = 1
-    while rows < 2 * slots:  # a decode program for every power of two of busy rows
-        slot_engine.decode(1, min(rows, slots))
+    while rows < 2 * slots:
+        busy = min(rows, slots)
+        slot_engine.admit([Admission(row, [0], Sampling(), 2) for row in range(busy)])
+        slot_engine.decode(1, busy)
         slot_engine.read()
         rows *= 2
     slot_engine.move(0, 0)

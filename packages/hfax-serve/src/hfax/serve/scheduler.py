@@ -2,14 +2,16 @@
 
 One worker thread owns the engine (a :class:`hfax.generation.slots.SlotEngine`, which the backend's
 :meth:`hfax.Backend.serving_engine` builds) and loops: release rows whose request finished or was
-cancelled, prefill waiting requests into free rows (first in, first out), move the last busy rows down into
+cancelled, prefill the waiting requests that fit into free rows (first in, first out; those of one
+prompt bucket together, in one program of the engine), move the last busy rows down into
 free rows below them, run one decode chunk over the leading rows that hold every request, hand each request
 its new tokens. Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
 :class:`Sequence`'s ``deliver`` callback, called on the worker thread.
 
 The cache columns a request will use are known when it is admitted (its prompt's bucket before the
-engine's clock, ``max_new`` after it), so admission checks they fit and otherwise shifts every row, or
-waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column layout).
+engine's clock, ``max_new`` after it), so admission checks they fit and
+otherwise shifts every row, or waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column
+layout).
 
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
@@ -30,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import SlotEngine
+from hfax.generation.slots import Admission, SlotEngine
 
 log = logging.getLogger("hfax.serve")
 
@@ -165,8 +167,8 @@ class Scheduler:
                     scored = error
                 done(scored)
             try:
-                for row, sequence in admitted:
-                    self._admit(row, sequence)
+                if admitted:
+                    self._admit(admitted)
                 self._pack()
                 if self.busy:
                     self._decode()
@@ -197,33 +199,47 @@ class Scheduler:
             self.engine.release(free)
 
     def _take_admissible(self) -> list[tuple[int, Sequence]]:
-        """Waiting sequences that get a free row now, first come first served, with the engine shifted so
-        their columns fit."""
-        admitted = []
-        while self._waiting and None in self._rows:
-            sequence = self._waiting[0]
-            bucket = self.engine.bucket(len(sequence.ids))
-            if not self._spans and self.engine.clock != bucket:
-                # No row holds anything: the clock goes back to where a prompt bucket just fits, leaving
-                # every later column to this request and those joining it, without moving the cache.
-                self.engine.restart(bucket)
-            delta = self._delta(bucket, sequence.max_new)
-            if delta is None:
+        """Waiting sequences that get a free row now, first come first served, to be prefilled together
+        (:meth:`_admit`), every prompt's bucket ending at the engine's clock, which is shifted (or
+        restarted) once so that the longest bucket fits before it and the longest ``max_new`` after it.
+        The first sequence that does not fit beside those before it waits."""
+        free = [row for row, sequence in enumerate(self._rows) if sequence is None]
+        taken: list[Sequence] = []
+        size = most = 0
+        for sequence in self._waiting:
+            if len(taken) == len(free):
                 break
-            if delta:
-                self.engine.shift(delta)
-                self.counters.shifts += 1
-                self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
-            row = self._rows.index(None)
+            bucket = max(size, self.engine.bucket(len(sequence.ids)))
+            needed = max(most, sequence.max_new)
+            if not self._fits(bucket, needed):
+                break
+            taken.append(sequence)
+            size, most = bucket, needed
+        if not taken:
+            return []
+        if not self._spans and self.engine.clock != size:
+            # No row holds anything: the clock goes back to where the bucket just fits, leaving every
+            # later column to these requests and those joining them, without moving the cache.
+            self.engine.restart(size)
+        delta = self._delta(size, most)
+        if delta:
+            self.engine.shift(delta)
+            self.counters.shifts += 1
+            self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
+        clock = self.engine.clock
+        for row, sequence in zip(free, taken):
             self._waiting.popleft()
             self._rows[row], sequence.row = sequence, row
-            clock = self.engine.clock
-            self._spans[row] = (
-                clock - self.engine.bucket(len(sequence.ids)),
-                clock + sequence.max_new,
-            )
-            admitted.append((row, sequence))
-        return admitted
+            bucket = self.engine.bucket(len(sequence.ids))
+            self._spans[row] = (clock - bucket, clock + sequence.max_new)
+        return list(zip(free, taken))
+
+    def _fits(self, bucket: int, max_new: int) -> bool:
+        """Whether a prompt bucket and ``max_new`` columns after it fit now: in an idle engine, whose
+        clock restarts, when they fit in a row; else when a move (:meth:`_delta`) makes room."""
+        if not self._spans:
+            return bucket + max_new <= self.engine.length
+        return self._delta(bucket, max_new) is not None
 
     def _delta(self, bucket: int, max_new: int) -> int | None:
         """How far to move every row so that a prompt bucket fits before the clock and ``max_new`` columns
@@ -253,32 +269,55 @@ class Scheduler:
                 self._rows[free], self._rows[last], sequence.row = sequence, None, free
                 self._spans[free] = self._spans.pop(last)
 
-    def _admit(self, row: int, sequence: Sequence) -> None:
-        if sequence.constraint is None:
-            chosen = self.engine.admit(row, sequence.ids, sequence.sampling, sequence.max_new)
-        else:
-            allowed = self._allowed([sequence], 1)
-            chosen = self.engine.admit(
-                row, sequence.ids, sequence.sampling, sequence.max_new, allowed=allowed[0]
+    def _admit(self, admitted: list[tuple[int, Sequence]]) -> None:
+        """Prefill the admitted sequences into their rows: one engine call per prompt bucket among them,
+        each call's first tokens delivered as it returns. A call pads its prompts into one bucket: prompts
+        of a bucket go together, and a short prompt never pays for a long one's columns. The shortest
+        bucket goes first: every sequence admitted waits for this turn's prefills before its second
+        token anyway, and short prompts first make the mean wait for a first token the least
+        (docs/PERFORMANCE.md, "batched admission")."""
+        groups: dict[int, list[tuple[int, Sequence]]] = {}
+        for row, sequence in admitted:
+            groups.setdefault(self.engine.bucket(len(sequence.ids)), []).append((row, sequence))
+        for _, group in sorted(groups.items()):
+            self._prefill(group)
+
+    def _prefill(self, admitted: list[tuple[int, Sequence]]) -> None:
+        """Prefill ``admitted`` in one engine call, and deliver each first token."""
+        requests = [
+            Admission(
+                row,
+                sequence.ids,
+                sequence.sampling,
+                sequence.max_new,
+                None if sequence.constraint is None else self._allowed([sequence], 1)[0],
             )
-        self.counters.prompt_tokens += len(sequence.ids)
-        sequence.first_token = time.perf_counter()
-        token = int(chosen["token"])
-        finish = self._finish_reason(token, 1, sequence)
-        if finish != "stop" and self._completes(sequence, [token]):
-            finish = "stop"
-        self._send(
-            sequence,
-            [token],
-            [float(chosen["logprob"])],
-            [chosen["top_ids"].tolist()],
-            [chosen["top_logprobs"].tolist()],
-            finish,
-        )
-        if finish is not None:
-            with self._wake:
-                self._finish(row, finish)
-            self.engine.release(self._mask([row]))
+            for row, sequence in admitted
+        ]
+        choices = self.engine.admit(requests)
+        now = time.perf_counter()
+        ended = []
+        for (row, sequence), chosen in zip(admitted, choices):
+            self.counters.prompt_tokens += len(sequence.ids)
+            sequence.first_token = now
+            token = int(chosen["token"])
+            finish = self._finish_reason(token, 1, sequence)
+            if finish != "stop" and self._completes(sequence, [token]):
+                finish = "stop"
+            self._send(
+                sequence,
+                [token],
+                [float(chosen["logprob"])],
+                [chosen["top_ids"].tolist()],
+                [chosen["top_logprobs"].tolist()],
+                finish,
+            )
+            if finish is not None:
+                with self._wake:
+                    self._finish(row, finish)
+                ended.append(row)
+        if ended:
+            self.engine.release(self._mask(ended))
 
     def _decode(self) -> None:
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)

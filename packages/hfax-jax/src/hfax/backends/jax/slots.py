@@ -1,7 +1,8 @@
 """Continuous batching on the JAX backend: a fixed number of rows ("slots") in one compiled decode program.
 
     engine = SlotEngine(model, slots=8, length=1024, chunk=8)
-    engine.admit(row, ids, mask, sampling, max_new)   prefill one prompt into one row   (a program per prompt bucket)
+    engine.admit([Admission(row, ids, sampling, max_new), ...])
+                                                      prefill prompts into their rows together   (one program)
     engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
     engine.decode(1, allowed=bitmask)                 one token per busy row, among those allowed (one program)
     engine.read()                                     the chunk's tokens, per row, on the host
@@ -12,30 +13,34 @@
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
 :meth:`hfax.backends.jax.generation.Forward.decoder` that ``generate``'s decode runs (one traced write slot, in-place
-cache updates). A request admitted at clock ``t`` has its prompt's bucket written into its row at columns
-``[t - bucket, t)``; its tokens then follow at ``t, t + 1, ...``. Its positions are its own (passed
+cache updates). Requests admitted together at clock ``t`` are one forward over ``[k, bucket]``, their
+prompts left-padded into the bucket of the longest, each written into its row at columns ``[t - bucket,
+t)``; its tokens then follow at ``t, t + 1, ...``. Its positions are its own (passed
 explicitly) and ``valid`` hides every column of the row that holds another request's leftovers, so the
 tokens are those it gets alone: keys and queries stay one column apart per position, as sliding windows
 need. When the clock would run past the end for a new request, :meth:`SlotEngine.shift` moves every row
 left (or right) by the same amount, one copy of the cache.
 
 Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
-so a stream of requests compiles one prefill per prompt bucket, one decode per power of two of busy rows,
-and one each of shift, move, restart, release and start.
+so a stream of requests compiles one prefill per prompt bucket and power of two of requests admitted
+together (``k`` is padded with rows that are computed and written nowhere), one decode per power of two of
+busy rows, and one each of shift, move, restart, release and start.
 
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
 a time with ``allowed``, a packed bitmask ``[slots, ceil(vocab / 32)]`` that is an input of programs of
-their own (``serve_step``, and ``serve_admit_allowed`` for a first token), which apply it after the
-penalties (:func:`rows.allow`); the programs without it are the ones above, unchanged, so requests without
-a grammar pay nothing while no grammar runs. The grammar programs compile when the first request with a
-grammar needs them (one step program per power of two of busy rows, one prefill per prompt bucket).
+their own (``serve_step``, and ``serve_admit`` given ``allowed`` for first tokens), which apply it after
+the penalties (:func:`rows.allow`); the programs without it are the ones above, unchanged, so requests
+without a grammar pay nothing while no grammar runs. The grammar programs compile when the first request
+with a grammar needs them (one step program per power of two of busy rows, one prefill per prompt bucket
+and power of two of requests).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -60,7 +65,7 @@ from hfax.generation.shapes import (
     cache_argument,
     no_static_cache,
 )
-from hfax.generation.slots import Chunk, Scored
+from hfax.generation.slots import Admission, Chunk, Scored
 
 
 def check_servable(model: Any, length: int) -> None:
@@ -213,79 +218,57 @@ def admit_program(
     row: Any,
     settings: dict[str, Any],
     eos: Any,
-    static: SlotStatic,
-) -> tuple[Any, Any]:
-    """Prefill ``ids``/``mask`` (``[1, bucket]``, left-padded) into ``row`` ending at the clock, and choose
-    its first token; returns the state and that token's :func:`rows.choose` output."""
-    return _admit(model, params, state, ids, mask, row, settings, eos, None, static)
-
-
-def admit_allowed_program(
-    model: Any,
-    params: Any,
-    state: dict[str, Any],
-    ids: Any,
-    mask: Any,
-    row: Any,
-    settings: dict[str, Any],
-    eos: Any,
     allowed: Any,
     static: SlotStatic,
 ) -> tuple[Any, Any]:
-    """:func:`admit_program` for a request with a grammar: its first token is chosen among those
-    ``allowed`` (``[ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) lets it choose."""
-    return _admit(model, params, state, ids, mask, row, settings, eos, allowed[None], static)
-
-
-def _admit(
-    model: Any,
-    params: Any,
-    state: dict[str, Any],
-    ids: Any,
-    mask: Any,
-    row: Any,
-    settings: dict[str, Any],
-    eos: Any,
-    allowed: Any,
-    static: SlotStatic,
-) -> tuple[Any, Any]:
+    """Prefill ``ids``/``mask`` (``[k, bucket]``, left-padded) into rows ``row`` (``[k]``) ending at the
+    clock, in one forward, and choose each one's first token with its own ``settings`` (``[k, ...]``);
+    returns the state and those tokens' :func:`rows.choose` output (``[k, ...]``). A row index of
+    ``slots`` or more is padding: it is computed and written nowhere. With ``allowed`` (``[k,
+    ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) each first token is chosen among the tokens its row
+    allows; with ``None`` the program has no such input (requests without a grammar pay nothing)."""
     prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
     forward = Forward(model, static.step, static.layout, params)
     logits, small, _ = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None)
-    clock = state["clock"]
-    first = clock - prompt
+    first = state["clock"] - prompt
     axes = _slot_axes(model, static.step)
 
     def put(name: str, big: Any, new: Any) -> Any:
+        """``new`` (``[k, ...]``) into columns ``[first, clock)`` of each of its rows of ``big``: the
+        columns of every row taken out, those rows replaced (padding rows dropped), put back."""
         if name not in axes:
             raise NotImplementedError(f"hfax serve cannot place a layer state {name!r} into a row")
-        start = [jnp.int32(0)] * big.ndim
-        start[0], start[axes[name]] = row, first
-        return jax.lax.dynamic_update_slice(big, new.astype(big.dtype), start)
+        columns = jax.lax.dynamic_slice_in_dim(big, first, prompt, axes[name])
+        columns = columns.at[row].set(new.astype(big.dtype), mode="drop")
+        return jax.lax.dynamic_update_slice_in_dim(big, columns, first, axes[name])
 
     states = [
         {name: put(name, big[name], value) for name, value in layer.items()}
         for big, layer in zip(state["states"], small)
     ]
-    length = state["valid"].shape[1]
-    row_valid = jax.lax.dynamic_update_slice(jnp.zeros((1, length), bool), mask, (0, first))
-    valid = jax.lax.dynamic_update_slice(state["valid"], row_valid, (row, 0))
-    one = {name: value[None] for name, value in settings.items()}
+    count, length = state["valid"].shape
+    rows_valid = jax.lax.dynamic_update_slice(
+        jnp.zeros((row.shape[0], length), bool), mask, (0, first)
+    )
+    valid = state["valid"].at[row].set(rows_valid, mode="drop")
+    live = row < count
     vocab = state["rows"]["counts"].shape[1]
-    one["counts"] = jnp.zeros((1, vocab), jnp.int32)  # nothing generated before the first token
-    first = _choose(logits, one, jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), allowed)
-    chosen = jax.tree.map(lambda x: x[0], first)
+    none = jnp.zeros((row.shape[0], vocab), jnp.int32)  # nothing generated before the first token
+    zero = jnp.zeros((row.shape[0],), jnp.int32)
+    chosen = _choose(logits, {**settings, "counts": none}, zero, live, allowed)
     token = chosen["token"]
     per_row = {
         **settings,
-        "counts": _counted(one["counts"], token[None], jnp.ones((1,), bool))[0],
+        "counts": _counted(none, token, live),
         "last": token,
-        "position": jnp.sum(mask, dtype=jnp.int32),
-        "step": jnp.int32(1),
-        "finished": _is_eos(token[None], eos)[0] | (settings["limit"] <= 1),
+        "position": jnp.sum(mask, axis=1, dtype=jnp.int32),
+        "step": zero + 1,
+        "finished": _is_eos(token, eos) | (settings["limit"] <= 1),
     }
-    table = {name: state["rows"][name].at[row].set(value) for name, value in per_row.items()}
+    table = {
+        name: state["rows"][name].at[row].set(value, mode="drop") for name, value in per_row.items()
+    }
     return {**state, "states": states, "valid": valid, "rows": table}, chosen
 
 
@@ -489,37 +472,64 @@ class SlotEngine:
         """The prompt bucket a prompt of ``length`` tokens is padded into."""
         return bucket(length, MIN_LENGTH_BUCKET)
 
-    def admit(
-        self,
-        row: int,
-        ids: list[int],
-        sampling: rows.Sampling,
-        max_new: int,
-        allowed: np.ndarray | None = None,
-    ) -> dict[str, Any]:
-        """Prefill ``ids`` into ``row`` at the clock; returns its first token's choice on the host, made
-        among the tokens ``allowed`` (a packed bitmask, :func:`rows.allow`) lets it choose when given."""
-        size = self.bucket(len(ids))
-        padded = np.zeros((1, size), np.int32)
-        mask = np.zeros((1, size), bool)
-        padded[0, size - len(ids) :], mask[0, size - len(ids) :] = ids, True
-        settings = {**sampling.arrays(), "limit": np.int32(max_new)}
-        args = self._replicate((padded, mask, np.int32(row), settings))
+    def admit(self, requests: Sequence[Admission]) -> list[dict[str, Any]]:
+        """Prefill every request's ``ids`` into its row at the clock in one program (:func:`admit_program`),
+        padded into the bucket of the longest; returns each one's first token's choice on the host, made
+        among the tokens its ``allowed`` lets it choose when given. One program per prompt bucket and
+        power of two of requests (padding rows write nothing)."""
+        self._check(requests)
+        size = self.bucket(max(len(request.ids) for request in requests))
+        count = min(self.slots, bucket(len(requests), 1))
+        padded = np.zeros((count, size), np.int32)
+        mask = np.zeros((count, size), bool)
+        mask[:, -1] = (
+            True  # a padding row's prompt is one token: every row's attention sees something
+        )
+        row = np.full((count,), self.slots, np.int32)  # padding rows: no row of the engine
+        for i, request in enumerate(requests):
+            padded[i, size - len(request.ids) :], mask[i, size - len(request.ids) :] = (
+                request.ids,
+                True,
+            )
+            row[i] = request.row
+        per_row = [{**r.sampling.arrays(), "limit": np.int32(r.max_new)} for r in requests]
+        per_row += [{**rows.Sampling().arrays(), "limit": np.int32(0)}] * (count - len(requests))
+        settings = {name: np.stack([one[name] for one in per_row]) for name in per_row[0]}
+        allowed = None
+        if any(request.allowed is not None for request in requests):
+            bits = np.full((count, (self.vocab + 31) // 32), -1, np.int32)
+            for i, request in enumerate(requests):
+                if request.allowed is not None:
+                    bits[i] = request.allowed
+            allowed = self._replicate(bits)
+        args = self._replicate((padded, mask, row, settings))
         static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
-        if allowed is None:
-            program = self.model.program("serve_admit", admit_program, donate=("state",))
-            self.state, chosen = program(
-                self.model.params, self.state, *args, self.eos, static=static
+        program = self.model.program("serve_admit", admit_program, donate=("state",))
+        self.state, chosen = program(
+            self.model.params, self.state, *args, self.eos, allowed, static=static
+        )
+        host = {name: np.asarray(value) for name, value in chosen.items()}
+        return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
+
+    def _check(self, requests: Sequence[Admission]) -> None:
+        """Refuse what :meth:`admit` cannot do, before anything runs."""
+        if not requests:
+            raise ValueError("admit needs at least one request")
+        taken = [request.row for request in requests]
+        if len(set(taken)) != len(taken) or not all(0 <= r < self.slots for r in taken):
+            raise ValueError(
+                f"admit takes distinct rows from 0 to {self.slots - 1}, one per request; got {taken}"
             )
-        else:
-            program = self.model.program(
-                "serve_admit_allowed", admit_allowed_program, donate=("state",)
-            )
-            bits = self._replicate(np.asarray(allowed, np.int32))
-            self.state, chosen = program(
-                self.model.params, self.state, *args, self.eos, bits, static=static
-            )
-        return {name: np.asarray(value) for name, value in chosen.items()}
+        for request in requests:
+            if not request.ids:
+                raise ValueError(f"the prompt for row {request.row} is empty: give it a token")
+            if request.allowed is not None and np.shape(request.allowed) != (
+                (self.vocab + 31) // 32,
+            ):
+                raise ValueError(
+                    f"allowed for row {request.row} has shape {np.shape(request.allowed)}: it takes "
+                    f"one bit per token, int32 [{(self.vocab + 31) // 32}]"
+                )
 
     def score(self, ids: list[int]) -> Scored:
         """``ids``' own log-probabilities (:func:`score_program`): one program per prompt bucket, compiled
