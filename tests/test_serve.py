@@ -254,6 +254,19 @@ def test_echo_gives_the_prompts_log_probabilities_as_transformers_computes_them(
     assert len(choice.logprobs.token_logprobs) == len(ids) + len(greedy)
     np.testing.assert_allclose(choice.logprobs.token_logprobs[1 : len(ids)], want, atol=1e-4)
     assert served.complete(prompt, max_tokens=3, echo=True).choices[0].text == choice.text
+    for tokens, whole in ((0, alone.choices[0]), (3, choice)):  # streamed: the same text and scores
+        chunks = list(
+            served.complete(prompt, max_tokens=tokens, echo=True, logprobs=1 if tokens else 2,
+                            stream=True)
+        )  # fmt: skip
+        assert "".join(c.choices[0].text for c in chunks) == whole.text
+        assert chunks[0].choices[0].text == prompt  # the prompt first, alone
+        assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+        streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+        for name in ("tokens", "token_logprobs", "text_offset"):
+            assert [x for part in streamed for x in getattr(part, name)] == getattr(
+                whole.logprobs, name
+            ), name
 
 
 def test_chat_equals_transformers_streamed_and_not(served):
@@ -642,7 +655,6 @@ def _error(call) -> tuple[int, dict]:
         ({"logprobs": 9}, "logprobs"),
         ({"prompt": "one " * LENGTH}, "prompt"),
         ({"echo": "yes"}, "echo"),
-        ({"echo": True, "stream": True}, "echo"),
         ({"echo": True, "max_tokens": -1}, "max_tokens"),
         ({"best_of": 2}, "best_of"),
         ({"prompt": ["a"] * 65}, "prompt"),

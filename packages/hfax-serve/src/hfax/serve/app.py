@@ -282,15 +282,10 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     reasons: dict[int, str | None] = {}
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
     tokens = 0
-    if job.echoes is not None:  # each prompt first, in each of its choices
-        for number, (ids, echo) in enumerate(zip(job.prompts, job.echoes)):
-            scored = None
-            if job.logprobs is not None:
-                scored = logprobs.prompt(ids, await server.score(ids))
-            for i in range(number * job.n, (number + 1) * job.n):
-                texts[i].append(echo)
-                if scored is not None:
-                    logs[i].append(scored)
+    async for i, echo, scored in _echoes(server, job, logprobs):
+        texts[i].append(echo)
+        if scored is not None:
+            logs[i].append(scored)
     events = server.run(job, disconnected) if job.max_new else _nothing()
     if not job.max_new:
         reasons = dict.fromkeys(range(job.choices), "length")
@@ -323,6 +318,19 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     }
 
 
+async def _echoes(
+    server: Server, job: Job, logprobs: Logprobs
+) -> AsyncIterator[tuple[int, str, dict[str, Any] | None]]:
+    """``echo``'s part of each choice, in order: its prompt's text and, with ``logprobs``, the prompt's
+    scores (:meth:`Logprobs.prompt`, one scoring per prompt); nothing without ``echo``."""
+    for number, (ids, echo) in enumerate(zip(job.prompts, job.echoes or [])):
+        scored = None
+        if job.logprobs is not None:
+            scored = logprobs.prompt(ids, await server.score(ids))
+        for i in range(number * job.n, (number + 1) * job.n):
+            yield i, echo, scored
+
+
 async def _nothing() -> AsyncIterator[tuple[Choice, Event, str, bool]]:
     """No tokens: what ``max_tokens: 0`` with ``echo`` asks for."""
     return
@@ -342,7 +350,9 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
     """The response as server-sent events: one chunk per choice and decode chunk, ``[DONE]`` last. Events
     already waiting when one is written go out with it, in one write of up to :data:`CATCH_UP`: a stream
     that fell behind (many rows, a slow reader) costs one write per catch-up, not one per decode chunk.
-    The first one goes out alone, at once."""
+    The first one goes out alone, at once. With ``echo``, each choice's first chunk is its prompt (text,
+    and its scores with ``logprobs``), as in the response that is not streamed; with ``max_tokens: 0``
+    it is the only one, finished for ``"length"``."""
     head = {
         **_head(server, job),
         "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
@@ -352,9 +362,19 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
     tokens, finished = 0, 0
     greeted: set[int] = set()
     try:
+        ended = None if job.max_new else "length"
+        async for i, echo, scored in _echoes(server, job, logprobs):
+            body = {"index": i, "text": echo, "logprobs": scored, "finish_reason": ended}
+            offsets[i] = len(echo)
+            finished += ended is not None
+            chunk = {**head, "choices": [body]}
+            if finished == job.choices and not job.include_usage:
+                chunk["usage"] = usage(job, tokens)
+            yield _event(chunk)
         waiting: list[str] = []
         first = True
-        async for choice, event, text, more in server.run(job, disconnected):
+        events = server.run(job, disconnected) if job.max_new else _nothing()
+        async for choice, event, text, more in events:
             body: dict[str, Any] = {"index": choice.index, "finish_reason": _finish(event.finish)}
             if job.kind == "chat":
                 delta = {"content": text} if text else {}

@@ -188,10 +188,6 @@ def parse(
     stream = body.get("stream", False) or False
     if not isinstance(stream, bool):
         raise APIError("stream must be true or false", param="stream")
-    if echo and stream:
-        raise APIError(
-            "echo with stream is not supported by hfax serve; ask without stream", param="echo"
-        )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise APIError(
