@@ -75,6 +75,13 @@ def _transformers() -> Any:
     return transformers
 
 
+#: The sizes of the BART-family cases (BART, its decoder alone, MVP).
+_BART_SIZES = dict(
+    vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+)  # fmt: skip
+
+
 def _gemma3(window: int) -> Any:
     return _transformers().Gemma3TextConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -177,36 +184,11 @@ def _cases() -> dict[str, Case]:
         ),  # fmt: skip
         # BART's decoder alone ignores position_ids and counts positions from the cache's length, which
         # padding the prompt into a bucket would shift.
-        "bart_decoder": Case(
-            lambda: t().BartConfig(
-                vocab_size=64,
-                d_model=32,
-                decoder_layers=2,
-                encoder_layers=2,
-                decoder_attention_heads=4,
-                encoder_attention_heads=4,
-                decoder_ffn_dim=64,
-                encoder_ffn_dim=64,
-                max_position_embeddings=64,
-                forced_eos_token_id=None,
-            )
-        ),  # fmt: skip
+        "bart_decoder": Case(lambda: t().BartConfig(**_BART_SIZES, forced_eos_token_id=None)),
         # Positions from the cache's length: torch.arange(past, past + n) with no position_ids to take
         # instead (MVP, TrOCR, RoFormer), a slice of ALiBi biases by it (MPT), a check of it against a
         # sinusoid table grown in Python (XGLM): hfax.patches.longtail.cache_positions.
-        "mvp": Case(
-            lambda: t().MvpConfig(
-                vocab_size=64,
-                d_model=32,
-                decoder_layers=2,
-                encoder_layers=2,
-                decoder_attention_heads=4,
-                encoder_attention_heads=4,
-                decoder_ffn_dim=64,
-                encoder_ffn_dim=64,
-                max_position_embeddings=64,
-            )
-        ),  # fmt: skip
+        "mvp": Case(lambda: t().MvpConfig(**_BART_SIZES)),
         "trocr": Case(
             lambda: t().TrOCRConfig(
                 vocab_size=64,
@@ -300,15 +282,7 @@ def _cases() -> dict[str, Case]:
         ),  # fmt: skip
         "bart": Case(
             lambda: t().BartConfig(
-                vocab_size=64,
-                d_model=32,
-                encoder_layers=2,
-                decoder_layers=2,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=64,
-                decoder_ffn_dim=64,
-                max_position_embeddings=64,
+                **_BART_SIZES,
                 pad_token_id=PAD,
                 bos_token_id=0,
                 eos_token_id=2,
@@ -316,7 +290,7 @@ def _cases() -> dict[str, Case]:
                 forced_bos_token_id=0,
             ),
             seq2seq=True,
-        ),  # fmt: skip
+        ),
         "t5gemma": Case(_t5gemma, seq2seq=True),
         "led": Case(lambda: led_config(PAD), seq2seq=True),
         "fsmt": Case(lambda: fsmt_config(PAD), seq2seq=True),
