@@ -787,6 +787,28 @@ def test_hidden_states_and_attentions_are_transformers(eager, backend, options):
     assert_layer_outputs_equal(got, want, mask)
 
 
+def test_a_decoders_own_position_table_bounds_its_tokens(backend, tmp_path_factory):
+    """Whisper's decoder alone reads ``max_target_positions`` (40), not ``max_position_embeddings`` (20):
+    25 positions generate transformers' tokens, and 45 are refused naming the field that bounds them."""
+    config = transformers.WhisperConfig(
+        vocab_size=99, d_model=16, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=16,
+        encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=16, max_position_embeddings=20,
+        max_target_positions=40, max_source_positions=30, pad_token_id=0, bos_token_id=98,
+        eos_token_id=98, decoder_start_token_id=85, is_encoder_decoder=False,
+    )  # fmt: skip
+    directory = tmp_path_factory.mktemp("whisper-decoder")
+    reference = save_tiny(config, directory, "AutoModelForCausalLM", spread=True)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(directory), backend=backend)
+    ids = np.array([[5, 17, 33, 9, 41], [12, 50, 7, 31, 19]])
+    options = dict(max_new_tokens=20, min_new_tokens=20)
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, **options)),
+        transformers_generate(reference, ids, **options).numpy(),
+    )
+    with pytest.raises(ValueError, match="45 positions.*max_target_positions \\(40\\)"):
+        model.generate(ids, max_new_tokens=40)
+
+
 def test_layer_outputs_of_a_model_without_a_cache_are_refused(tiny):
     """A model that decodes without a cache (GPT-1: every step reads the whole sequence) has no one-token
     step to record: ``output_hidden_states`` is refused by name before the prefill runs, and the model

@@ -1,9 +1,9 @@
-"""generate with images and audio: a processor's output goes in as it is, the image or audio encoder runs once in
-prefill, and the tokens are transformers' own (LLaVA, Qwen2-VL, Gemma 3, Whisper)."""
+"""generate with images and audio on the JAX backend: the multimodal conformance suite
+(:mod:`hfax.testing.multimodal_conformance`: a processor's output goes in as it is, the tokens are
+transformers' own), and what only this backend does with the same models: the forward, torch inputs,
+programs reused for a new image, beams, an 8-device mesh, Whisper's length rule and refusals."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pytest
@@ -11,46 +11,20 @@ import torch
 import transformers
 
 import hfax
-from hfax.testing import MULTIMODAL, save_tiny, tiny_multimodal_config
-from hfax.testing import multimodal_inputs as processed
+from hfax.testing import multimodal_inputs, tiny_multimodal_config
+from hfax.testing.multimodal_conformance import *  # noqa: F403 (the suite's tests, fixtures, hook)
+from hfax.testing.multimodal_conformance import NEW_TOKENS, reference_generate
 
-NEW_TOKENS = 8
-
-
-DIRECTORIES: dict[str, Any] = {}
+BACKEND = "jax"
 
 
-@pytest.fixture(scope="module", params=sorted(MULTIMODAL))
-def models(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
-    directory = DIRECTORIES[request.param] = tmp_path_factory.mktemp(request.param)
-    config = tiny_multimodal_config(request.param)
-    reference = save_tiny(config, directory, MULTIMODAL[request.param], spread=True)
-    model = hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
-    return request.param, reference, model
-
-
-def reference_generate(reference: Any, inputs: dict[str, np.ndarray], **options: Any) -> np.ndarray:
-    with torch.no_grad():
-        tensors = {name: torch.as_tensor(value) for name, value in inputs.items()}
-        return reference.generate(**tensors, do_sample=False, **options).numpy()
-
-
-def test_greedy_matches_transformers(models):
-    name, reference, model = models
-    inputs = processed(name)
-    expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
-    np.testing.assert_array_equal(
-        np.asarray(model.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
-    )
-
-
-def test_qwen2_vl_without_token_types_is_transformers(models):
+def test_qwen2_vl_without_token_types_is_transformers(multimodal):
     """Qwen2-VL's processor returns ``mm_token_type_ids``; a caller who leaves them out gets what
     transformers' generate gives then (on 5.24: the prompt at its text positions), not an error."""
-    name, reference, model = models
+    name, reference, model = multimodal
     if name != "qwen2_vl":
         pytest.skip("Qwen2-VL's token types only")
-    inputs = processed(name)
+    inputs = multimodal_inputs(name)
     del inputs["mm_token_type_ids"]
     expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
     np.testing.assert_array_equal(
@@ -58,10 +32,10 @@ def test_qwen2_vl_without_token_types_is_transformers(models):
     )
 
 
-def test_forward_matches_transformers(models):
+def test_forward_matches_transformers(multimodal):
     """The forward takes the same inputs: logits within 1e-4 (image sizes held as constants)."""
-    name, reference, model = models
-    inputs = processed(name, seed=8)
+    name, reference, model = multimodal
+    inputs = multimodal_inputs(name, seed=8)
     if name == "whisper":
         inputs["decoder_input_ids"] = np.array([[1, 5, 6], [1, 7, 8]])
     with torch.no_grad():
@@ -73,20 +47,21 @@ def test_forward_matches_transformers(models):
     np.testing.assert_allclose(actual, expected.logits.numpy()[real], atol=1e-4, rtol=0)
 
 
-def test_torch_inputs_give_torch_tokens(models):
-    name, reference, model = models
-    inputs = {key: torch.as_tensor(value) for key, value in processed(name, seed=1).items()}
+def test_torch_inputs_give_torch_tokens(multimodal):
+    name, reference, model = multimodal
+    inputs = {key: torch.as_tensor(value) for key, value in multimodal_inputs(name, seed=1).items()}
     actual = model.generate(**inputs, max_new_tokens=4)
     assert isinstance(actual, torch.Tensor)
     np.testing.assert_array_equal(
-        actual.numpy(), reference_generate(reference, processed(name, seed=1), max_new_tokens=4)
+        actual.numpy(),
+        reference_generate(reference, multimodal_inputs(name, seed=1), max_new_tokens=4),
     )
 
 
-def test_a_new_image_of_the_same_size_compiles_nothing(models):
-    name, reference, model = models
-    model.generate(**processed(name, seed=2), max_new_tokens=NEW_TOKENS)
-    other = processed(name, seed=3)
+def test_a_new_image_of_the_same_size_compiles_nothing(multimodal):
+    name, reference, model = multimodal
+    model.generate(**multimodal_inputs(name, seed=2), max_new_tokens=NEW_TOKENS)
+    other = multimodal_inputs(name, seed=3)
     actual = np.asarray(model.generate(**other, max_new_tokens=NEW_TOKENS))
     assert model.last_generate_stats.compiles == 0
     np.testing.assert_array_equal(
@@ -94,18 +69,9 @@ def test_a_new_image_of_the_same_size_compiles_nothing(models):
     )
 
 
-def test_one_prompt_alone_gives_its_row_of_the_batch(models):
-    name, reference, model = models
-    alone = processed(name, seed=4, batch=1)
-    expected = reference_generate(reference, alone, max_new_tokens=NEW_TOKENS)
-    np.testing.assert_array_equal(
-        np.asarray(model.generate(**alone, max_new_tokens=NEW_TOKENS)), expected
-    )
-
-
-def test_beam_search_repeats_one_image_per_prompt(models):
-    name, reference, model = models
-    inputs, options = processed(name, seed=6), dict(max_new_tokens=6, num_beams=2)
+def test_beam_search_repeats_one_image_per_prompt(multimodal):
+    name, reference, model = multimodal
+    inputs, options = multimodal_inputs(name, seed=6), dict(max_new_tokens=6, num_beams=2)
     if name == "qwen2_vl":  # its pixel_values hold patches, not one image per prompt
         with pytest.raises(NotImplementedError, match="pixel_values has 32 for 2 prompts"):
             model.generate(**inputs, **options)
@@ -114,12 +80,12 @@ def test_beam_search_repeats_one_image_per_prompt(models):
     np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
 
 
-def test_sharded_over_eight_devices_gives_the_same_tokens(models):
-    name, reference, _ = models
+def test_sharded_over_eight_devices_gives_the_same_tokens(multimodal):
+    name, reference, model = multimodal
     sharded = hfax.AutoModelForTPU.from_pretrained(
-        str(DIRECTORIES[name]), backend="jax", mesh=hfax.make_mesh(data=2, model=4)
+        model.name_or_path, backend="jax", mesh=hfax.make_mesh(data=2, model=4)
     )
-    inputs = processed(name, seed=7)
+    inputs = multimodal_inputs(name, seed=7)
     expected = reference_generate(reference, inputs, max_new_tokens=NEW_TOKENS)
     np.testing.assert_array_equal(
         np.asarray(sharded.generate(**inputs, max_new_tokens=NEW_TOKENS)), expected
@@ -132,7 +98,7 @@ def test_gemma3_image_tokens_see_each_other():
     torch.manual_seed(0)
     config = tiny_multimodal_config("gemma3")
     model = transformers.AutoModelForImageTextToText.from_config(config).eval()
-    inputs = {name: torch.as_tensor(value) for name, value in processed("gemma3").items()}
+    inputs = {name: torch.as_tensor(value) for name, value in multimodal_inputs("gemma3").items()}
     with torch.no_grad():
         with_blocks = model(**inputs).logits
         inputs.pop("token_type_ids")
@@ -140,38 +106,10 @@ def test_gemma3_image_tokens_see_each_other():
     assert (with_blocks - without).abs().max() > 1e-3
 
 
-@pytest.fixture(scope="module")
-def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    directory = tmp_path_factory.mktemp("whisper-multilingual")
-    reference = save_tiny(
-        tiny_multimodal_config("whisper"), directory, "AutoModelForSpeechSeq2Seq", spread=True
-    )
-    generation = reference.generation_config
-    generation.lang_to_id = {"<|en|>": 20, "<|fr|>": 21}
-    generation.task_to_id = {"transcribe": 22, "translate": 23}
-    generation.no_timestamps_token_id = 24
-    generation.is_multilingual = True
-    generation._from_model_config = False  # else loading builds it again from the model's config
-    generation.save_pretrained(directory)
-    return reference, hfax.AutoModelForTPU.from_pretrained(str(directory), backend="jax")
-
-
-@pytest.mark.parametrize("language, task", [("en", "transcribe"), ("fr", "translate")])
-def test_whisper_language_and_task_tokens(multilingual_whisper, language, task):
-    reference, model = multilingual_whisper
-    inputs = processed("whisper", seed=5)
-    options = dict(language=language, task=task, max_new_tokens=6)
-    expected = reference_generate(reference, inputs, **options)
-    np.testing.assert_array_equal(np.asarray(model.generate(**inputs, **options)), expected)
-    full = model.generate(**inputs, **options, return_dict_in_generate=True).sequences
-    prompt = [1, 20 if language == "en" else 21, 22 if task == "transcribe" else 23, 24]
-    assert np.asarray(full)[:, :4].tolist() == [prompt, prompt]
-
-
 def test_whisper_default_length_and_an_early_eos(multilingual_whisper):
     """Whisper's own length rule (20 new tokens), and rows cut at their EOS then padded as it pads them."""
     reference, model = multilingual_whisper
-    inputs = processed("whisper", seed=9)
+    inputs = multimodal_inputs("whisper", seed=9)
     full = reference_generate(reference, inputs, language="en")
     np.testing.assert_array_equal(np.asarray(model.generate(**inputs, language="en")), full)
     assert full.shape[1] == 20
@@ -182,7 +120,7 @@ def test_whisper_default_length_and_an_early_eos(multilingual_whisper):
 
 def test_whisper_refusals_name_the_fix(multilingual_whisper):
     _, model = multilingual_whisper
-    inputs = processed("whisper")
+    inputs = multimodal_inputs("whisper")
     compiles = hfax.backends.jax.monitor.snapshot().compiles
     with pytest.raises(NotImplementedError, match="return_timestamps"):
         model.generate(**inputs, language="en", return_timestamps=True)
@@ -195,7 +133,7 @@ def test_whisper_refusals_name_the_fix(multilingual_whisper):
     assert hfax.backends.jax.monitor.snapshot().compiles == compiles
 
 
-def test_inputs_the_model_does_not_take_are_named(models):
-    name, _, model = models
+def test_inputs_the_model_does_not_take_are_named(multimodal):
+    name, _, model = multimodal
     with pytest.raises(TypeError, match="pixel_valeus"):
-        model.generate(**processed(name), pixel_valeus=np.zeros(3), max_new_tokens=2)
+        model.generate(**multimodal_inputs(name), pixel_valeus=np.zeros(3), max_new_tokens=2)

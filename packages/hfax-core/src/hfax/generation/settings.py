@@ -676,12 +676,19 @@ def _start_tokens(module: Any, config: Any, batch: int) -> np.ndarray:
 
 
 def _check_positions(model: Any, width: int, max_length: int, source: Any) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
+    """The decoder's tokens fit its position table (``max_target_positions`` where the config has one,
+    as Whisper's and Speech2Text's decoders do, else ``max_position_embeddings``), and an encoder's text
+    its own (``max_source_positions``, else ``max_position_embeddings``); -1 is unbounded (XLNet)."""
+    config = model.config
     text = source.get("input_ids") if source else None
-    needed = max(max_length, text.shape[1] if text is not None else 0)
-    if limit and limit > 0 and needed > limit:  # -1: unbounded (XLNet)
-        raise ValueError(
-            f"the prompt ({width if text is None else text.shape[1]} tokens) and the tokens asked for "
-            f"need {needed} positions, more than the model's max_position_embeddings ({limit}); shorten the "
-            "prompt or ask for fewer tokens"
-        )
+    for needed, name, what in (
+        (max_length, "max_target_positions", f"the prompt ({width} tokens) and the tokens asked for"),
+        (0 if text is None else text.shape[1], "max_source_positions", "the encoder's input"),
+    ):
+        field = name if getattr(config, name, None) else "max_position_embeddings"
+        limit = getattr(config, field, None)
+        if isinstance(limit, int) and limit > 0 and needed > limit:
+            raise ValueError(
+                f"{what} need {needed} positions, more than the model's {field} ({limit}); shorten "
+                "the prompt or ask for fewer tokens"
+            )
