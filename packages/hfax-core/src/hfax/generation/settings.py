@@ -682,7 +682,11 @@ def _check_positions(model: Any, width: int, max_length: int, source: Any) -> No
     config = model.config
     text = source.get("input_ids") if source else None
     for needed, name, what in (
-        (max_length, "max_target_positions", f"the prompt ({width} tokens) and the tokens asked for"),
+        (
+            max_length,
+            "max_target_positions",
+            f"the prompt ({width} tokens) and the tokens asked for",
+        ),
         (0 if text is None else text.shape[1], "max_source_positions", "the encoder's input"),
     ):
         field = name if getattr(config, name, None) else "max_position_embeddings"
