@@ -892,6 +892,38 @@ def test_a_prompt_given_as_embeddings_generates_as_in_transformers(tiny, backend
             np.testing.assert_allclose(as_numpy(mine)[finite], theirs.numpy()[finite], atol=1e-4)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(num_beams=2)], ids=["greedy", "beams"])
+def test_an_encoder_decoders_embeddings_are_its_encoders_input(tiny, options):
+    """An encoder-decoder's ``inputs_embeds`` (instead of ``input_ids``) go to its encoder, as in
+    transformers: a padded batch of embeddings that are no token's gives transformers' tokens and
+    scores, in the embeddings' array type."""
+    reference, model = tiny("bart")
+    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
+    ids, mask = (
+        ids[:, ::-1].copy(),
+        mask[:, ::-1].copy(),
+    )  # an encoder's input is padded on the right
+    torch.manual_seed(0)
+    embeds = torch.rand((2, ids.shape[1], 32)) * 2 - 1
+    options = dict(
+        max_new_tokens=6,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        **options,
+    )
+    with torch.no_grad():
+        want = reference.generate(
+            inputs_embeds=embeds, attention_mask=torch.as_tensor(mask), **options
+        )
+    got = model.generate(inputs_embeds=embeds, attention_mask=torch.as_tensor(mask), **options)
+    assert isinstance(got.sequences, torch.Tensor)
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    for mine, theirs in zip(got.scores, want.scores, strict=True):
+        finite = torch.isfinite(theirs).numpy()
+        np.testing.assert_allclose(as_numpy(mine)[finite], theirs.numpy()[finite], atol=1e-4)
+
+
 def test_embeddings_of_the_wrong_shape_are_refused(tiny):
     reference, model = tiny("llama")
     ids = np.array([PROMPTS[0]])
@@ -901,9 +933,9 @@ def test_embeddings_of_the_wrong_shape_are_refused(tiny):
         model.generate(inputs_embeds=np.zeros((1, 6, 5), np.float32), max_new_tokens=3)
     with pytest.raises(ValueError, match="input_ids has shape"):
         model.generate(ids, inputs_embeds=np.zeros((1, 4, 64), np.float32), max_new_tokens=3)
-    seq2seq_reference, seq2seq = tiny("bart")
-    with pytest.raises(NotImplementedError, match="encoder-decoder"):
-        seq2seq.generate(inputs_embeds=np.zeros((1, 4, 32), np.float32), max_new_tokens=3)
+    _, seq2seq = tiny("bart")
+    with pytest.raises(ValueError, match="input_ids or inputs_embeds, not both"):
+        seq2seq.generate(ids, inputs_embeds=np.zeros((1, 6, 32), np.float32), max_new_tokens=3)
     np.testing.assert_array_equal(
         as_numpy(model.generate(ids, max_new_tokens=4)),
         transformers_generate(reference, ids, max_new_tokens=4).numpy(),

@@ -240,7 +240,10 @@ def merges_images(module: Any) -> bool:
 def encode(module: Any, source: dict[str, Any]) -> Any:
     """An encoder-decoder's encoder run on its inputs by name (torch tensors), as transformers' ``generate``
     runs it: where the encoder takes no images (:func:`merges_images`), the image features replace the
-    image tokens' embeddings first and the encoder reads the embeddings."""
+    image tokens' embeddings first and the encoder reads the embeddings. The caller's ``inputs_embeds``
+    (float32 from the host) reach it in the weights' dtype."""
+    if "inputs_embeds" in source:
+        source = {**source, "inputs_embeds": source["inputs_embeds"].to(module.dtype)}
     if "pixel_values" in source and merges_images(module):
         source = dict(source)
         ids, pixels = source.pop("input_ids"), source.pop("pixel_values")

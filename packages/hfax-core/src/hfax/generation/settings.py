@@ -370,7 +370,10 @@ def prepare(
 
     source, finish = None, None
     if encoder_decoder:
-        source = _encoder_inputs(module, ids if input_ids is not None else None, mask, extra)
+        text = None if input_ids is None or embedded else ids  # embeddings: no ids beside them
+        source = _encoder_inputs(module, text, mask, extra)
+        if embedded:
+            source["attention_mask"] = mask.astype(np.int64)
         decoder_ids = extra.pop("decoder_input_ids", None)
         if traits.decoder_prompt is not None:
             decoder_ids = traits.decoder_prompt(module, config, source, taken)
@@ -384,7 +387,7 @@ def prepare(
                 f"decoder_input_ids has {ids.shape[0]} rows but the encoder's input {batch}"
             )
         mask = np.ones_like(ids, dtype=bool)
-    width = 0 if embedded else ids.shape[1]
+    width = 0 if embedded and not encoder_decoder else ids.shape[1]  # a decoder prompt of its own
     decoder_mask = encoder_decoder and leftovers.get("decoder_attention_mask") is not None
     cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
     if "position_ids" in extra:
@@ -584,12 +587,12 @@ def _cached_length(
 def _check_embeddings(
     module: Any, embeds: np.ndarray, input_ids: Any, encoder_decoder: bool
 ) -> np.ndarray:
-    """A decoder's prompt as ``inputs_embeds`` ``[batch, length, hidden]``: the model's hidden size and,
-    with ``input_ids`` (the prompt the result starts with), their shape."""
-    if encoder_decoder:
-        raise NotImplementedError(
-            f"hfax's generate takes inputs_embeds for decoder-only models; {type(module).__name__} is an "
-            "encoder-decoder: pass input_ids (its encoder embeds them itself)"
+    """A prompt as ``inputs_embeds`` ``[batch, length, hidden]``: the model's hidden size and, with
+    ``input_ids`` (the prompt the result starts with), their shape. An encoder-decoder's are its
+    encoder's input, given instead of ``input_ids`` (its encoder takes one or the other)."""
+    if encoder_decoder and input_ids is not None:
+        raise ValueError(
+            f"{type(module).__name__}'s encoder takes input_ids or inputs_embeds, not both: pass one"
         )
     hidden = getattr(module.get_input_embeddings(), "embedding_dim", embeds.shape[-1])
     if (
