@@ -1242,6 +1242,39 @@ def test_a_callers_cache_continues_as_in_transformers(tiny):
         model.generate(sequences, past_key_values=((torch.zeros(1),),), **then)
 
 
+def test_a_callers_cache_continues_a_prompt_of_embeddings_as_in_transformers(tiny):
+    """A prompt given as embeddings continues from an earlier result's cache too: the embeddings of the
+    cached positions and of the tokens after them, as transformers' generate takes them, give its tokens
+    (hfax's prefill computes the cached positions again from the embeddings and checks the cache)."""
+    import copy
+
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS[:2])
+    embed = reference.get_input_embeddings()
+    with torch.no_grad():
+        embeds = embed(torch.as_tensor(ids))
+    first = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    theirs = reference.generate(inputs_embeds=embeds, attention_mask=torch.as_tensor(mask), **first)
+    mine = model.generate(inputs_embeds=embeds, attention_mask=mask, **first)
+    np.testing.assert_array_equal(as_numpy(mine.sequences), theirs.sequences.numpy())
+    with torch.no_grad():  # the cache holds the prompt and the new tokens but the last
+        longer = torch.cat([embeds, embed(theirs.sequences)], 1)
+    longer_mask = np.concatenate([mask, np.ones((2, 3), mask.dtype)], axis=1)
+    then = dict(max_new_tokens=4, do_sample=False)
+    with torch.no_grad():
+        want = reference.generate(
+            inputs_embeds=longer, attention_mask=torch.as_tensor(longer_mask),
+            past_key_values=copy.deepcopy(theirs.past_key_values), **then,
+        )  # fmt: skip
+    got = model.generate(
+        inputs_embeds=longer,
+        attention_mask=longer_mask,
+        past_key_values=mine.past_key_values,
+        **then,
+    )
+    np.testing.assert_array_equal(as_numpy(got), want.numpy())
+
+
 def test_the_callers_position_ids_are_read_and_continued_as_in_transformers(tiny):
     """``position_ids`` for the prompt: read as given in prefill, and each new token's position goes on
     from its row's last one, as transformers' generate does: those inferred from the mask give the tokens

@@ -544,7 +544,8 @@ def _cached_length(
 ) -> int:
     """How many of the prompt's first tokens the caller's ``cache`` holds (0 for none or an empty one), or
     an error before anything compiles: the cache has the prompt's rows and leaves at least one token to
-    feed, as transformers requires; the engine can hand caches back (``"cache_output"``), which the check
+    feed, as transformers requires (a prompt of ``embedded`` embeddings too: the prefill computes the
+    cached positions again from them); the engine can hand caches back (``"cache_output"``), which the check
     of its contents needs.
 
     An encoder-decoder's prompt is ``decoder_input_ids``. transformers reads them as the cached tokens and
@@ -556,14 +557,10 @@ def _cached_length(
     length = int(cache.get_seq_length())
     if length == 0:
         return 0
-    if embedded:
-        raise NotImplementedError(
-            "hfax's generate takes a caller's cache with input_ids, not with inputs_embeds"
-        )
     if "cache_output" not in features:
         raise NotImplementedError("this backend's generate does not take a caller's cache")
     held = getattr(cache, "self_attention_cache", cache)
-    name = "input_ids" if held is cache else "decoder_input_ids"
+    name = "decoder_input_ids" if held is not cache else "inputs_embeds" if embedded else "input_ids"
     if held is not cache and not decoder_mask:
         raise NotImplementedError(
             "with an EncoderDecoderCache and no decoder_attention_mask, transformers' generate reads "
