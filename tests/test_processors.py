@@ -101,9 +101,15 @@ def test_padding_and_unwritten_slots_do_not_count_as_history():
     assert out[0, 9] == 1 and out[0, 4] == 0.5 and out[1, 9] == 1
 
 
-def test_a_processor_without_twin_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="PrefixConstrainedLogitsProcessor"):
-        processors.translate([lp.PrefixConstrainedLogitsProcessor(lambda b, i: [1], 1)], VOCAB)
+def test_a_processor_without_twin_is_named():
+    """The processors hfax has no twin of, by name: their call chooses its tokens on the host
+    (tests/test_generate_features.py::test_processors_without_a_twin_run_on_the_host)."""
+    given = [
+        lp.TemperatureLogitsWarper(0.5),
+        lp.PrefixConstrainedLogitsProcessor(lambda b, i: [1], 1),
+    ]
+    assert processors.without_twin(given) == ["PrefixConstrainedLogitsProcessor"]
+    assert processors.without_twin(given[:1]) == []
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -13,9 +13,12 @@ import pytest
 import hfax.testing
 from hfax.testing import shrunk_config, tiny_config
 
+#: The fixture modules. The conformance suites (``conformance``, ``multimodal_conformance``) are test
+#: modules a backend's tests import whole, not fixtures the package re-exports.
 MODULES = [
     importlib.import_module(f"hfax.testing.{info.name}")
     for info in pkgutil.iter_modules(hfax.testing.__path__)
+    if not info.name.endswith("conformance")
 ]
 
 

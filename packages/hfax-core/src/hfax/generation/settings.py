@@ -560,7 +560,9 @@ def _cached_length(
     if "cache_output" not in features:
         raise NotImplementedError("this backend's generate does not take a caller's cache")
     held = getattr(cache, "self_attention_cache", cache)
-    name = "decoder_input_ids" if held is not cache else "inputs_embeds" if embedded else "input_ids"
+    name = (
+        "decoder_input_ids" if held is not cache else "inputs_embeds" if embedded else "input_ids"
+    )
     if held is not cache and not decoder_mask:
         raise NotImplementedError(
             "with an EncoderDecoderCache and no decoder_attention_mask, transformers' generate reads "

@@ -15,6 +15,10 @@ fixture; every name is also importable from ``hfax.testing`` itself::
 - :mod:`~hfax.testing.references`: transformers' outputs, and the comparisons of hfax with them.
 - :mod:`~hfax.testing.cases`: tiny models with a batch that reaches a path hfax must handle apart.
 
+The generate conformance suites, :mod:`~hfax.testing.conformance` and
+:mod:`~hfax.testing.multimodal_conformance`, are test modules each backend's tests import whole (their
+names are not re-exported here).
+
 Importing it imports neither torch nor jax: the helpers that need torch import it when they run.
 """
 
