@@ -193,3 +193,49 @@ def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_pa
     np.testing.assert_allclose(
         np.asarray(model(**inputs).logits), expected.logits.numpy(), atol=1e-4, rtol=0
     )
+
+
+def test_calls_of_many_lengths_share_a_padded_program_and_give_transformers_logits(tiny):
+    """``model(input_ids=...)`` of a language model runs padded into a bucket (:mod:`hfax.forward_buckets`):
+    calls of 3x5 and 4x11 ids share one ``[4, 16]`` program, and each call's logits have its own shape and
+    transformers' values, with and without a (left-padded) mask; torch in gives torch out."""
+    from hfax.backends.jax import monitor
+
+    _, ref, model = tiny("llama")
+    rng = np.random.default_rng(0)
+    calls = [rng.integers(3, 90, size=shape) for shape in ((3, 5), (4, 11), (2, 16), (1, 3))]
+    mask = np.ones((4, 11), np.int64)
+    mask[1, :4] = 0
+    model(input_ids=calls[0])  # the [4, 16] program compiles here
+    before = monitor.snapshot().compiles
+    asked = [(calls[1], None), (calls[1], mask), (calls[2], None), (calls[0], None)]
+    for ids, attention_mask in asked:
+        given = {"input_ids": torch.as_tensor(ids)}
+        if attention_mask is not None:
+            given["attention_mask"] = torch.as_tensor(attention_mask)
+        got = model(**given).logits
+        assert isinstance(got, torch.Tensor) and got.shape == (*ids.shape, ref.config.vocab_size)
+        with torch.no_grad():
+            want = ref(**given).logits
+        real = slice(None) if attention_mask is None else torch.as_tensor(attention_mask).bool()
+        np.testing.assert_allclose(got[real].numpy(), want[real].numpy(), atol=1e-4)
+    # [4, 11] and [2, 16] ran in the programs compiled before.
+    assert monitor.snapshot().compiles == before
+    single = model(input_ids=calls[3]).logits  # numpy in: JAX out
+    assert isinstance(single, jax.Array) and single.shape == (1, 3, ref.config.vocab_size)
+    with torch.no_grad():
+        want = ref(input_ids=torch.as_tensor(calls[3])).logits.numpy()
+    np.testing.assert_allclose(np.asarray(single), want, atol=1e-4)
+
+
+def test_a_call_that_asks_for_more_than_logits_runs_at_its_own_shape(tiny):
+    """Hidden states (and anything but ids and a mask) are not padded: they come back at the call's shape."""
+    _, ref, model = tiny("llama")
+    out = model(input_ids=IDS[:, :5], output_hidden_states=True)
+    assert out.logits.shape[:2] == (2, 5)
+    assert all(h.shape[:2] == (2, 5) for h in out.hidden_states)
+    with torch.no_grad():
+        want = ref(input_ids=torch.as_tensor(IDS[:, :5]), output_hidden_states=True)
+    np.testing.assert_allclose(
+        np.asarray(out.hidden_states[-1]), want.hidden_states[-1].numpy(), atol=1e-4
+    )

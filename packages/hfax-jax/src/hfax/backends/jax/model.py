@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hfax import masks, validation
+from hfax import forward_buckets, masks, validation
 from hfax.backends.jax import constants, generation, layout, programs, pytrees
 from hfax.backends.jax.mesh import shard_batch
 from hfax.backends.jax.runtime import env, to_array, to_tensor
@@ -144,11 +144,21 @@ class JaxModel(BackendModel):
             return self.apply(self.params, **arrays, **static)
         for name in [name for name in arrays if constants.is_size(name, arrays[name], ids_shape)]:
             static[name] = constants.Constant(name, np.asarray(arrays.pop(name)))  # image sizes
+        if self.pad_forward and forward_buckets.pads(self.module, inputs):
+            padded, padding = forward_buckets.padded(inputs)
+            whole = self._run_forward({**arrays, **_as_jax_all(padded, self._signature)}, static)
+            output = forward_buckets.cut(_like_inputs(whole, inputs), padding)
+            if output is not None:
+                return output
+            # Its output holds more than logits: this call and every later one run at their own shape.
+            self.pad_forward = False
+        return _like_inputs(self._run_forward(arrays, static), inputs)
+
+    def _run_forward(self, arrays: dict[str, Any], static: dict[str, Any]) -> Any:
         arrays = shard_batch(arrays, self.mesh)
-        output = self.program("forward", JaxModel._forward)(
+        return self.program("forward", JaxModel._forward)(
             self.params, arrays, static=tuple(sorted(static.items()))
         )
-        return _like_inputs(output, inputs)
 
     def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
         """transformers' ``generate`` on device (:mod:`hfax.generation`): the result has the array type
@@ -162,6 +172,12 @@ def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
     if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
         return output
     return jax.tree.map(lambda x: host_tensor(x) if isinstance(x, jax.Array) else x, output)
+
+
+def _as_jax_all(padded: dict[str, Any], signature: Any) -> dict[str, jax.Array]:
+    """The padded ids and, where the forward takes one, their mask, as JAX arrays."""
+    names = ["input_ids", "attention_mask"] if "attention_mask" in signature else ["input_ids"]
+    return {name: as_jax(padded[name]) for name in names}
 
 
 def _host_to_jax(value: Any) -> Any:
