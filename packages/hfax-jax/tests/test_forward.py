@@ -197,13 +197,13 @@ def test_encoder_decoder_classifiers_classify_each_rows_last_eos_compiled(tmp_pa
 
 def test_calls_of_many_lengths_share_a_padded_program_and_give_transformers_logits(tiny):
     """``model(input_ids=...)`` of a language model runs padded into a bucket (:mod:`hfax.forward_buckets`):
-    calls of 3x5 and 4x11 ids share one ``[4, 16]`` program, and each call's logits have its own shape and
+    calls of 3x5, 4x11 and 3x16 ids share one ``[4, 16]`` program, and each call's logits have its own shape and
     transformers' values, with and without a (left-padded) mask; torch in gives torch out."""
     from hfax.backends.jax import monitor
 
     _, ref, model = tiny("llama")
     rng = np.random.default_rng(0)
-    calls = [rng.integers(3, 90, size=shape) for shape in ((3, 5), (4, 11), (2, 16), (1, 3))]
+    calls = [rng.integers(3, 90, size=shape) for shape in ((3, 5), (4, 11), (3, 16), (1, 3))]
     mask = np.ones((4, 11), np.int64)
     mask[1, :4] = 0
     model(input_ids=calls[0])  # the [4, 16] program compiles here
@@ -219,7 +219,7 @@ def test_calls_of_many_lengths_share_a_padded_program_and_give_transformers_logi
             want = ref(**given).logits
         real = slice(None) if attention_mask is None else torch.as_tensor(attention_mask).bool()
         np.testing.assert_allclose(got[real].numpy(), want[real].numpy(), atol=1e-4)
-    # [4, 11] and [2, 16] ran in the programs compiled before.
+    # [4, 11] and [3, 16] ran in the program compiled before.
     assert monitor.snapshot().compiles == before
     single = model(input_ids=calls[3]).logits  # numpy in: JAX out
     assert isinstance(single, jax.Array) and single.shape == (1, 3, ref.config.vocab_size)
@@ -239,3 +239,19 @@ def test_a_call_that_asks_for_more_than_logits_runs_at_its_own_shape(tiny):
     np.testing.assert_allclose(
         np.asarray(out.hidden_states[-1]), want.hidden_states[-1].numpy(), atol=1e-4
     )
+
+
+def test_a_family_that_reads_padding_runs_its_forward_at_the_calls_shape(tmp_path):
+    """CPM-Ant takes a row's last non-zero ids as its tokens: its family (hfax-patches-longtail's
+    ``cpmant``) says so (``no_forward_padding``), and its forward runs unpadded, with transformers' logits
+    (padded on the right, they differ by about 5 here)."""
+    import hfax
+    from hfax.testing import save_tiny
+    from hfax.testing.shrink import shrunk_config
+
+    reference = save_tiny(shrunk_config("cpmant"), tmp_path, spread=True)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    ids = np.random.default_rng(0).integers(3, 90, size=(2, 10))
+    with torch.no_grad():
+        want = reference(input_ids=torch.as_tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(input_ids=ids).logits), want, atol=1e-4)

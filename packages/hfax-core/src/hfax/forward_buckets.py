@@ -12,8 +12,10 @@ forward column (``tools/coverage.py``, jit) checks this against transformers for
 architecture, and ``tests/test_forward_buckets.py`` checks the shapes and values.
 
 Only calls that give ``input_ids`` and at most an ``attention_mask`` (and flags that keep the output to
-the logits) are padded; anything else runs at its own shape. A model whose padded output holds more than
-logits (router logits, a loss, a cache) is run at the call's own shape again and not padded after that.
+the logits) are padded; anything else runs at its own shape, and so does every call of a model whose family
+says its logits change when padded on the right (``GenerationTraits.no_forward_padding``: CPM-Ant reads
+the last non-zero ids as its tokens). A model whose padded output holds more than logits (router logits, a
+loss, a cache) is run at the call's own shape again and not padded after that.
 
 Backend-neutral: numpy only.
 """
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from hfax.generation.shapes import MIN_LENGTH_BUCKET, bucket
+from hfax.generation.traits import answered_traits
 
 #: Inputs a padded call may hold: token ids, their mask, and flags that leave the output its logits.
 TAKEN = frozenset({"input_ids", "attention_mask", "use_cache", "return_dict"})
@@ -55,7 +58,9 @@ def pads(module: Any, inputs: dict[str, Any]) -> bool:
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         return False
     mask = inputs.get("attention_mask")
-    return mask is None or tuple(np.shape(mask)) == ids.shape
+    if mask is not None and tuple(np.shape(mask)) != ids.shape:
+        return False
+    return not answered_traits(module).no_forward_padding
 
 
 def padded(inputs: dict[str, Any]) -> tuple[dict[str, Any], Padding]:

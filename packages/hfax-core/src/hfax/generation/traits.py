@@ -52,6 +52,10 @@ class GenerationTraits:
     ``result``
         ``result(sequences, width, eos, pad) -> ids``: the model's own ``generate`` result from the
         sequences (``width``: the prompt's length), where it differs from transformers' plain one.
+    ``no_forward_padding``
+        why the model's logits at its real positions change when its ids are padded on the right (it
+        reads the padding as tokens): its forward runs every call at the call's own shape
+        (:mod:`hfax.forward_buckets`).
     """
 
     refused: str = ""
@@ -62,6 +66,7 @@ class GenerationTraits:
     refused_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     decoder_prompt: Callable[..., Any] | None = None
     result: Callable[..., Any] | None = None
+    no_forward_padding: str = ""
 
 
 #: Traits a model has at most one of: two plugins giving different ones conflict.
@@ -93,6 +98,7 @@ def merged(answers: list[tuple[str, GenerationTraits]]) -> GenerationTraits:
     return GenerationTraits(
         refused="; ".join(t.refused for t in traits if t.refused),
         no_static_cache="; ".join(t.no_static_cache for t in traits if t.no_static_cache),
+        no_forward_padding="; ".join(t.no_forward_padding for t in traits if t.no_forward_padding),
         local_attention_window=min(windows, default=None),
         options=tuple(dict.fromkeys(name for t in traits for name in t.options)),
         refused_options={name: why for t in traits for name, why in t.refused_options.items()},
@@ -104,6 +110,14 @@ def generation_traits(module: Any) -> GenerationTraits:
     """What every plugin's ``hfax_generation_traits`` says about ``module`` (a transformers model),
     merged (:func:`merged`); raises the model's refusal (``NotImplementedError``) where a plugin gives
     one."""
+    traits = answered_traits(module)
+    if traits.refused:
+        raise NotImplementedError(traits.refused)
+    return traits
+
+
+def answered_traits(module: Any) -> GenerationTraits:
+    """What every plugin's ``hfax_generation_traits`` says about ``module``, merged, a refusal included."""
     from hfax import plugins
 
     hook = plugins.get_plugin_manager().hook.hfax_generation_traits
@@ -113,7 +127,4 @@ def generation_traits(module: Any) -> GenerationTraits:
         answer = impl.function(*[arguments[name] for name in impl.argnames])
         if answer is not None:
             answers.append((impl.plugin_name, answer))
-    traits = merged(answers)
-    if traits.refused:
-        raise NotImplementedError(traits.refused)
-    return traits
+    return merged(answers)

@@ -8,6 +8,7 @@ from hfax.patches.longtail.family import LongTailFamily
 
 bart = LongTailFamily("bart", ("bart", "mbart", "plbart", "bigbird_pegasus"))
 bert = LongTailFamily("bert", ("bert",))
+cpmant = LongTailFamily("cpmant", ("cpmant",))
 dbrx = LongTailFamily("dbrx", ("dbrx",))
 fsmt = LongTailFamily("fsmt", ("fsmt",))
 git = LongTailFamily("git", ("git",))
