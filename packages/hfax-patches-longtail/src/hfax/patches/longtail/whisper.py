@@ -131,9 +131,8 @@ def prompt(
         kwargs={},
     )
     repeats = config.num_return_sequences or 1
-    if (
-        repeats > 1
-    ):  # each input decoded num_return_sequences times, each run returning one sequence
+    # Each input is decoded num_return_sequences times, each run returning one sequence.
+    if repeats > 1:
         for name, value in source.items():
             source[name] = np.repeat(value, repeats, axis=0)
         init = init.repeat_interleave(repeats, dim=0)
