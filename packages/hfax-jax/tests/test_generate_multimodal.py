@@ -279,11 +279,12 @@ def test_a_cache_over_an_image_continues_with_the_image_given_again(multimodal):
     want = reference_generate(reference, inputs, max_new_tokens=4)
     first = model.generate(**inputs, max_new_tokens=3, **options)
     sequences = np.asarray(first.sequences)
-    grown = {
-        key: np.pad(value, ((0, 0), (0, sequences.shape[1] - value.shape[1])), constant_values=key != "token_type_ids")
-        for key, value in inputs.items()
-        if key in ("attention_mask", "token_type_ids")
-    }  # fmt: skip
+    added = sequences.shape[1] - inputs["attention_mask"].shape[1]
+    grown = {  # the new tokens: real, and text
+        key: np.pad(inputs[key], ((0, 0), (0, added)), constant_values=key == "attention_mask")
+        for key in ("attention_mask", "token_type_ids")
+        if key in inputs
+    }
     then = dict(input_ids=sequences, past_key_values=first.past_key_values, max_new_tokens=1)
     rest = model.generate(pixel_values=inputs["pixel_values"], **grown, **then, **options)
     np.testing.assert_array_equal(np.asarray(rest.sequences), want)
