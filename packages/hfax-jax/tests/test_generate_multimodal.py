@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import hfax
-from hfax.testing import multimodal_inputs, tiny_multimodal_config
+from hfax.testing import multimodal_inputs, save_tiny, tiny_multimodal_config
 from hfax.testing.multimodal_conformance import *  # noqa: F403 (the suite's tests, fixtures, hook)
 from hfax.testing.multimodal_conformance import NEW_TOKENS, reference_generate
 
@@ -137,3 +137,158 @@ def test_inputs_the_model_does_not_take_are_named(multimodal):
     name, _, model = multimodal
     with pytest.raises(TypeError, match="pixel_valeus"):
         model.generate(**multimodal_inputs(name), pixel_valeus=np.zeros(3), max_new_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def eager_whisper(tmp_path_factory):
+    """Whisper's transformers model and hfax's, both with eager attention (which returns its weights)."""
+    directory = tmp_path_factory.mktemp("whisper-eager")
+    save_tiny(
+        tiny_multimodal_config("whisper"), directory, "AutoModelForSpeechSeq2Seq", spread=True
+    )
+    reference = transformers.AutoModelForSpeechSeq2Seq.from_pretrained(
+        directory, attn_implementation="eager"
+    ).eval()
+    model = hfax.AutoModelForTPU.from_pretrained(
+        str(directory), backend=BACKEND, attn_implementation="eager"
+    )
+    return reference, model
+
+
+def assert_output_is(got, want, path="", beams=False):
+    """``got`` is transformers' output ``want``: its type and fields, every tensor's shape and dtype, values
+    within 1e-4 (infinite ones equal). Beam search's cache is compared at the decoder prompt's position:
+    which beams run on past ``max_length``, all tied, is how ``topk`` breaks ties (torch's and XLA's
+    differ; test_an_encoder_decoders_cache_is_transformers in tests/test_generate_features.py)."""
+    if isinstance(want, torch.Tensor):
+        got = torch.as_tensor(np.asarray(got))
+        assert (got.shape, got.dtype) == (want.shape, want.dtype), (path, got.shape, want.shape)
+        if want.dtype.is_floating_point:
+            assert torch.equal(got.isinf(), want.isinf()), path
+            got, want = got.nan_to_num(posinf=0, neginf=0), want.nan_to_num(posinf=0, neginf=0)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-4, err_msg=path)
+        else:
+            np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=path)
+    elif isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want), (path, type(got), len(got))
+        for index, (mine, theirs) in enumerate(zip(got, want)):
+            assert_output_is(mine, theirs, f"{path}[{index}]", beams)
+    elif isinstance(want, transformers.EncoderDecoderCache):
+        assert type(got) is type(want) and got.get_seq_length() == want.get_seq_length(), path
+        for part in ("self_attention_cache", "cross_attention_cache"):
+            pairs = zip(getattr(got, part).layers, getattr(want, part).layers, strict=True)
+            for index, (mine, theirs) in enumerate(pairs):
+                for name in ("keys", "values"):
+                    a, b = getattr(mine, name), getattr(theirs, name)
+                    if beams and part == "self_attention_cache":
+                        assert a.shape == b.shape, (path, part, a.shape, b.shape)
+                        a, b = a[:, :, :1], b[:, :, :1]
+                    assert_output_is(a, b, f"{path}.{part}[{index}].{name}")
+    elif isinstance(want, transformers.utils.ModelOutput):
+        assert type(got) is type(want) and list(got.keys()) == list(want.keys()), (
+            path, type(got), list(got.keys()), list(want.keys()),
+        )  # fmt: skip
+        for name in want.keys():
+            assert_output_is(got[name], want[name], f"{path}.{name}", beams)
+    else:
+        assert got == want, (path, got, want)
+
+
+DICT = dict(
+    return_dict_in_generate=True, output_scores=True, output_logits=True,
+    output_attentions=True, output_hidden_states=True,
+)  # fmt: skip
+BEAMS = dict(num_beams=2, num_return_sequences=2, length_penalty=2.0, early_stopping=False)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(force_unique_generate_call=True),
+        dict(**DICT, use_cache=False),
+        dict(**DICT, force_unique_generate_call=True),
+        dict(**BEAMS),
+        dict(**BEAMS, force_unique_generate_call=True),
+        dict(**BEAMS, **DICT, force_unique_generate_call=True),
+        dict(do_sample=True, top_k=3),
+        dict(do_sample=True, temperature=0.0, top_k=3, **BEAMS, **DICT),
+        dict(decoder_input_ids=np.array([[1, 7, 9], [1, 11, 12]])),
+        dict(decoder_input_ids=np.array([[1, 7, 9], [1, 11, 12]]), **DICT),
+    ],
+    ids=[
+        "unique", "dict-no-cache", "dict-cache", "beams", "beams-unique", "beams-dict",
+        "do_sample-without-temperature", "temperature-0-beams-dict", "decoder_input_ids",
+        "decoder_input_ids-dict",
+    ],
+)  # fmt: skip
+def test_whisper_gives_what_its_generate_returns(eager_whisper, options):
+    """What transformers' Whisper ``generate`` returns for short-form audio, field by field: the full
+    sequences with ``force_unique_generate_call``, the output of its one underlying call re-assembled per
+    row with ``return_dict_in_generate`` (the first rows of each beam step's outputs, the scores of each
+    sequence's beam, the encoder's outputs once per input), ``num_return_sequences`` as separate runs of
+    one beam search each, greedy search unless a ``temperature`` above 0 is given (``do_sample`` is not
+    read there), and the call's ``decoder_input_ids`` as its prompt."""
+    reference, model = eager_whisper
+    inputs = multimodal_inputs("whisper", seed=11)
+    options = dict(max_new_tokens=5, repetition_penalty=1.2, bad_words_ids=[[3, 4]], **options)
+    with torch.no_grad():
+        want = reference.generate(
+            input_features=torch.as_tensor(inputs["input_features"]),
+            **{
+                k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+                for k, v in options.items()
+            },
+        )
+    got = model.generate(**{k: torch.as_tensor(v) for k, v in inputs.items()}, **options)
+    assert_output_is(got, want, beams="num_beams" in options)
+
+
+def test_whisper_continues_from_the_cache_it_returned(eager_whisper):
+    """An earlier result's cache, sequences and a decoder mask of ones over them continue Whisper's
+    decoding as one call would, as transformers' Whisper does (its ``decoder_input_ids`` taken as they
+    are, not replaced by the start tokens)."""
+    reference, model = eager_whisper
+    features = torch.as_tensor(multimodal_inputs("whisper", seed=12)["input_features"])
+    options = dict(
+        return_dict_in_generate=True, output_scores=True, eos_token_id=-1, pad_token_id=-1
+    )
+    whole = model.generate(input_features=features, max_new_tokens=4, **options)
+    first = model.generate(input_features=features, max_new_tokens=3, **options)
+    mask = torch.ones_like(first.sequences)
+    rest = model.generate(
+        input_features=features, decoder_input_ids=first.sequences, decoder_attention_mask=mask,
+        past_key_values=first.past_key_values, max_new_tokens=1, **options,
+    )  # fmt: skip
+    with torch.no_grad():
+        want = reference.generate(input_features=features, max_new_tokens=4, **options)
+    np.testing.assert_array_equal(whole.sequences.numpy(), want.sequences.numpy())
+    np.testing.assert_array_equal(rest.sequences.numpy(), want.sequences.numpy())
+    scores = torch.stack([*first.scores, *rest.scores])
+    np.testing.assert_allclose(scores.numpy(), torch.stack(want.scores).numpy(), atol=1e-4)
+
+
+def test_a_cache_over_an_image_continues_with_the_image_given_again(multimodal):
+    """An earlier result's cache over an image's tokens: with the image given again, the continuation is
+    transformers' one call (hfax computes the cached tokens again from the ids and the image); without
+    it, as transformers' own callers do, refused before anything compiles, naming the input to pass."""
+    name, reference, model = multimodal
+    if name not in ("gemma3", "llava"):
+        pytest.skip("a decoder-only model with one image per prompt")
+    inputs = multimodal_inputs(name, seed=13)
+    options = dict(return_dict_in_generate=True, output_scores=True, do_sample=False)
+    want = reference_generate(reference, inputs, max_new_tokens=4)
+    first = model.generate(**inputs, max_new_tokens=3, **options)
+    sequences = np.asarray(first.sequences)
+    added = sequences.shape[1] - inputs["attention_mask"].shape[1]
+    grown = {  # the new tokens: real, and text
+        key: np.pad(inputs[key], ((0, 0), (0, added)), constant_values=key == "attention_mask")
+        for key in ("attention_mask", "token_type_ids")
+        if key in inputs
+    }
+    then = dict(input_ids=sequences, past_key_values=first.past_key_values, max_new_tokens=1)
+    rest = model.generate(pixel_values=inputs["pixel_values"], **grown, **then, **options)
+    np.testing.assert_array_equal(np.asarray(rest.sequences), want)
+    compiles = hfax.backends.jax.monitor.snapshot().compiles
+    with pytest.raises(NotImplementedError, match="pass the same pixel_values"):
+        model.generate(**grown, **then, **options)
+    assert hfax.backends.jax.monitor.snapshot().compiles == compiles

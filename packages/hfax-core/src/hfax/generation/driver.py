@@ -234,8 +234,9 @@ def generate(
         compile_seconds=after_seconds - compile_seconds,
         compiles=after_compiles - compiles,
     )
-    if request.finish is not None and not config.return_dict_in_generate:
-        sequences = request.finish(sequences)
+    if request.finish is not None:
+        fields = extras if config.return_dict_in_generate else None
+        sequences, extras = request.finish(sequences, fields)
     return outputs.assemble(
         sequences,
         kind,
@@ -364,8 +365,8 @@ def _check_layers(
     length = real.shape[1]
     for index, (ours, given) in enumerate(zip(mine, theirs)):
         keys = getattr(given, "keys", None)
-        if getattr(given, "is_sliding", False) or keys is None or keys.shape[2] < length:
-            continue  # a sliding layer keeps its window only
+        if keys is None or keys.shape[2] < length:
+            continue  # a sliding layer past its window keeps the window only
         if ours.keys.shape[2] != length:
             continue
         for name in ("keys", "values"):  # a static layer's first `length` slots hold the tokens
@@ -507,7 +508,7 @@ def _beam_results(
     ids = np.where(columns < lengths[:, None], ids, fill)[:, :longest]
     extras = {
         "sequences_scores": state["best_scores"][:batch, :count].reshape(-1).astype(np.float32),
-        "beam_indices": indices[:, :longest].astype(np.int64),
+        "beam_indices": indices[:, :longest].astype(np.int32),  # transformers keeps them as int32
     }
     return ids, extras
 

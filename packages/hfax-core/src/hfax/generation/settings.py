@@ -18,7 +18,7 @@ import numpy as np
 from hfax.generation import host_choice, processors
 from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import as_ids
-from hfax.generation.traits import GenerationTraits, generation_traits
+from hfax.generation.traits import GenerationTraits, Outcome, generation_traits
 
 #: Arguments of transformers' ``generate`` that hfax cannot honour inside a compiled loop, with why.
 REFUSED_ARGUMENTS = {
@@ -70,8 +70,9 @@ class Request:
     (transformers' ``StopStringCriteria`` and the caller's own ``stopping_criteria``), empty if none;
     ``pad_stopped`` whether a row they stop is padded from there on (transformers pads only when its
     criteria include an EOS one, one with ``eos_token_id``) or runs on until every row is done.
-    ``finish`` turns the sequences into the model's own result where its ``generate`` differs (its family's
-    :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
+    ``finish(sequences, fields) -> (sequences, fields)`` turns the sequences and the other output fields
+    (``None`` without ``return_dict_in_generate``) into the model's own result where its ``generate``
+    differs (its family's :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
     ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``; an
     encoder-decoder's ``EncoderDecoderCache`` of its decoder prompt's): the prefill computes those tokens
     again from the ids and the driver checks they are the cache's.
@@ -329,6 +330,8 @@ def prepare(
         for name in ("max_length", "min_length")
     }
     config, leftovers = module._prepare_generation_config(generation_config, **options)
+    if traits.configure is not None:
+        traits.configure(module, config, taken)
     mode = _check_fields(
         config, features
     )  # first: it names settings transformers passes on as inputs
@@ -368,7 +371,7 @@ def prepare(
     mask = _mask(ids, attention_mask, pad, eos) if input_ids is not None else None
     filler = pad if pad is not None and 0 <= pad < vocab else 0  # what padding slots hold on device
 
-    source, finish = None, None
+    source, finish, repeats = None, None, 1
     if encoder_decoder:
         text = None if input_ids is None or embedded else ids  # embeddings: no ids beside them
         source = _encoder_inputs(module, text, mask, extra)
@@ -376,8 +379,10 @@ def prepare(
             source["attention_mask"] = mask.astype(np.int64)
         decoder_ids = extra.pop("decoder_input_ids", None)
         if traits.decoder_prompt is not None:
-            decoder_ids = traits.decoder_prompt(module, config, source, taken)
+            decoder_ids = traits.decoder_prompt(module, config, source, taken, decoder_ids)
             has_default["max_length"] = False  # set by the prompt's builder
+            repeats = len(next(iter(source.values()))) // batch  # the builder may repeat the rows
+            batch *= repeats
         if decoder_ids is None:
             decoder_ids = _start_tokens(module, config, batch)
         ids = as_ids("decoder_input_ids", decoder_ids)
@@ -390,11 +395,15 @@ def prepare(
     width = 0 if embedded and not encoder_decoder else ids.shape[1]  # a decoder prompt of its own
     decoder_mask = encoder_decoder and leftovers.get("decoder_attention_mask") is not None
     cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
+    _check_cached_media(module, ids[:, :cached], extra)
     if "position_ids" in extra:
         _check_given_positions(module, extra["position_ids"], ids, encoder_decoder)
     if traits.result is not None:
-        result = traits.result
-        finish = lambda sequences: result(sequences, width, eos, filler)  # noqa: E731
+        result, outcome = traits.result, dict(width=width, eos=eos, pad=filler, options=taken)
+
+        def finish(sequences: np.ndarray, fields: dict[str, Any] | None) -> Any:
+            return result(Outcome(sequences, fields, repeats=repeats, **outcome))
+
     torch_ids = torch.from_numpy(ids)
     encoder_ids = torch.from_numpy(next(iter(source.values()))) if source else torch_ids
     config = module._prepare_generated_length(
@@ -581,6 +590,33 @@ def _cached_length(
             "cached tokens and at least one more (the earlier result's sequences)"
         )
     return length
+
+
+#: Config fields naming the placeholder token of an image, a video or a clip in a multimodal prompt.
+MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id")
+
+
+def _check_cached_media(module: Any, cached: np.ndarray, extra: dict[str, np.ndarray]) -> None:
+    """A caller's cache over media placeholders (``cached``: the ids it holds) needs the media again:
+    hfax's prefill computes the cached tokens from the ids and the images (or clips) on device rather than
+    loading the cache's keys and values into its own cache, while transformers reads the cache and is
+    called without them. Refused before anything compiles, naming the inputs to pass."""
+    if not cached.size:
+        return
+    config = module.config
+    held = [
+        name
+        for name in MEDIA_TOKENS
+        if isinstance(getattr(config, name, None), int) and (cached == getattr(config, name)).any()
+    ]
+    media = [name for name in extra if name.startswith(("pixel_values", "input_features"))]
+    if held and not media:
+        raise NotImplementedError(
+            f"past_key_values holds tokens of {held[0]} {getattr(config, held[0])}, and hfax's generate "
+            "computes a caller's cached tokens again from the ids and media rather than reading the "
+            "cache's keys and values: pass the same pixel_values (or the model's other media inputs) "
+            "the cache was made with"
+        )
 
 
 def _check_embeddings(

@@ -23,6 +23,29 @@ class Appended:
 
 
 @dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a ``generate`` call made, before it is handed back, for a family's
+    :attr:`GenerationTraits.result`.
+
+    ``sequences`` ``[rows, width + new]`` (numpy) start with the decoder prompt of ``width`` tokens;
+    ``fields`` are the other fields of the ``return_dict_in_generate`` output by name (per-step tuples of
+    ``[rows, ...]`` arrays, ``beam_indices``, the encoder's per-layer outputs, ``past_key_values`` as a
+    transformers ``Cache``), ``None`` when the call returns the sequences alone. ``eos`` and ``pad`` are the
+    call's EOS ids and padding token; ``options`` the model's own ``generate`` options as the call gave
+    them (:attr:`GenerationTraits.options`); ``repeats`` how many rows the family's decoder prompt made of
+    each of the caller's rows (1 unless it repeated them).
+    """
+
+    sequences: Any
+    fields: dict[str, Any] | None
+    width: int
+    eos: list[int]
+    pad: int
+    options: Mapping[str, Any]
+    repeats: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationTraits:
     """What a family tells generation about one model; every field's default means "nothing special".
 
@@ -41,17 +64,25 @@ class GenerationTraits:
         no cache and re-reads the sequence at every step, as transformers' ``generate`` for it does.
     ``options``
         ``generate`` keyword arguments the model's own ``generate`` takes besides transformers' settings;
-        their values (``None`` when not given) go to ``decoder_prompt``.
+        their values (``None`` when not given) go to ``configure``, ``decoder_prompt`` and ``result``.
     ``refused_options``
         ``generate`` keyword arguments refused when given (not ``None``), with why.
+    ``configure``
+        ``configure(module, generation_config, options) -> None``: changes the call's merged generation
+        config (in place) as the model's own ``generate`` does before it decodes (a setting of its own that
+        decides sampling, say), before hfax checks or reads any of it; an option not given (``None``) may
+        be set there from the config, where the model's own ``generate`` reads it.
     ``decoder_prompt``
-        ``decoder_prompt(module, generation_config, source, options) -> ids``: an encoder-decoder's decoder
-        prompt (``[batch, length]`` integers) built from special tokens, given the encoder's inputs by name
-        (numpy) and the ``options`` taken. It settles the generated length in ``generation_config`` as the
-        model's own ``generate`` does, so hfax adds no default length of its own.
+        ``decoder_prompt(module, generation_config, source, options, given) -> ids``: an encoder-decoder's
+        decoder prompt (``[batch, length]`` integers) built from special tokens, given the encoder's inputs
+        by name (numpy), the ``options`` taken and the call's ``decoder_input_ids`` (numpy, or ``None``),
+        which it takes or refuses as the model's own ``generate`` does. It settles the generated length in ``generation_config`` as the
+        model's own ``generate`` does, so hfax adds no default length of its own. Where that ``generate``
+        runs each input several times, it repeats the rows of ``source`` (in place) and returns a prompt
+        row for each: the call's batch is then the prompt's rows.
     ``result``
-        ``result(sequences, width, eos, pad) -> ids``: the model's own ``generate`` result from the
-        sequences (``width``: the prompt's length), where it differs from transformers' plain one.
+        ``result(outcome) -> (sequences, fields)``: the model's own ``generate`` result from what the call
+        made (an :class:`Outcome`), where it differs from transformers' plain one.
     ``no_forward_padding``
         why the model's logits at its real positions change when its ids are padded on the right (it
         reads the padding as tokens): its forward runs every call at the call's own shape
@@ -64,13 +95,14 @@ class GenerationTraits:
     appended: Appended | None = None
     options: tuple[str, ...] = ()
     refused_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    configure: Callable[..., Any] | None = None
     decoder_prompt: Callable[..., Any] | None = None
     result: Callable[..., Any] | None = None
     no_forward_padding: str = ""
 
 
 #: Traits a model has at most one of: two plugins giving different ones conflict.
-SINGLE = ("appended", "decoder_prompt", "result")
+SINGLE = ("appended", "configure", "decoder_prompt", "result")
 
 
 def merged(answers: list[tuple[str, GenerationTraits]]) -> GenerationTraits:
