@@ -47,6 +47,7 @@ def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = C
     many one-token prompts admitted together (requests arriving together, or one request's ``n``
     choices, then compile nothing until a longer prompt comes)."""
     slot_engine = backend.serving_engine(model, slots=slots, length=length, chunk=chunk)
+    slot_engine.restart(slot_engine.bucket(1))
     rows = 1
     while rows < 2 * slots:
         busy = min(rows, slots)
