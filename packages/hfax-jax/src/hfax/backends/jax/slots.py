@@ -366,19 +366,41 @@ def keep_program(
     ]
 
 
+def store_program(model: Any, state: dict[str, Any], sizes: Any, static: Static) -> Any:
+    """An empty prefix store: every layer state of ``state`` with ``sizes.shape`` (entries, columns) in
+    place of its rows and columns, split over the mesh as the cache is."""
+    axes = _slot_axes(model, static)
+    entries, columns = sizes.shape
+
+    def empty(name: str, value: Any) -> Any:
+        shape = list(value.shape)
+        shape[0], shape[axes[name]] = entries, columns
+        zeros = jnp.zeros(shape, value.dtype)
+        if model.mesh is None:
+            return zeros
+        return jax.lax.with_sharding_constraint(zeros, _state_sharding(model.mesh, tuple(shape)))
+
+    return [
+        {name: empty(name, value) for name, value in layer.items()} for layer in state["states"]
+    ]
+
+
 def prefix_refusal(model: Any) -> str:
     """Why ``model`` gets no prefix store (``""`` when it may): the store is exact where every layer
     attends to every earlier token by position, and a reused prefix sits at other columns than a prompt
     prefilled whole, before a gap (:mod:`hfax.backends.jax.slots`)."""
     form = masks.form(model.config, model.module)
-    bounded = sorted(
-        kind for kind, span in form.spans if span.window is not None or span.chunk is not None
-    )
+    bounded = [
+        f"{kind} layers see a sliding window of {span.window} tokens"
+        if span.window is not None
+        else f"{kind} layers see chunks of {span.chunk} tokens"
+        for kind, span in form.spans
+        if span.window is not None or span.chunk is not None
+    ]
     if bounded:
         return (
-            f"{type(model.module).__name__}'s {', '.join(bounded)} layers see a window or chunk of "
-            "earlier tokens, counted in cache columns; prefix caching keeps only models whose layers "
-            "all see every earlier token"
+            f"{type(model.module).__name__}'s {', '.join(bounded)}, counted in cache columns; prefix "
+            "caching keeps only models whose layers all see every earlier token"
         )
     return ""
 
@@ -606,20 +628,10 @@ class SlotEngine:
 
     def _empty_store(self) -> list[dict[str, Any]]:
         """Zeros shaped as every row's layer states but with ``prefixes`` rows of ``prefix_length``
-        columns, held as the cache is."""
-        axes = _slot_axes(self.model, self._decode_static)
-        store = []
-        for layer in self.state["states"]:
-            entries = {}
-            for name, value in layer.items():
-                shape = list(value.shape)
-                shape[0], shape[axes[name]] = self.prefixes, self.prefix_length
-                zeros = jnp.zeros(shape, value.dtype)
-                if self.model.mesh is not None:
-                    zeros = jax.device_put(zeros, _state_sharding(self.model.mesh, tuple(shape)))
-                entries[name] = zeros
-            store.append(entries)
-        return store
+        columns, held as the cache is (:func:`store_program`)."""
+        program = self.model.program("serve_store", store_program)
+        sizes = self._replicate(np.zeros((self.prefixes, self.prefix_length), np.int8))
+        return program(self.state, sizes, static=self._decode_static)
 
     def bucket(self, length: int) -> int:
         """The prompt bucket a prompt of ``length`` tokens is padded into."""
