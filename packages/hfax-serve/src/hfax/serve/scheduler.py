@@ -13,6 +13,12 @@ engine's clock, ``max_new`` after it), so admission checks they fit and
 otherwise shifts every row, or waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column
 layout).
 
+With prefix caching (an engine with a prefix store, :mod:`hfax.serve.prefixes`), each sequence is
+planned as it is taken: the stored prefix it reuses (its columns are then the stored prefix's bucket and
+the rest's), whether its prompt is kept after its prefill, and the phase of the turn it runs in; the
+admissions of a turn run phase by phase, and each prefill call is followed by the copy of the prompts it
+keeps into the store.
+
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
 (all of them for rows without a grammar, which so get the tokens they get alone, one per step), its

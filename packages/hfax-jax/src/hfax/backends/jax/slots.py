@@ -9,6 +9,9 @@
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
     engine.move(source, target)                       one request to another row                  (one program)
     engine.restart(clock)                             every row free: move the clock only         (one program)
+    engine.keep([Kept(row, entry, count), ...])       a prompt's first tokens into the prefix store (one program)
+    engine.admit([Admission(..., reuse=Reuse(entry, count)), ...])
+                                                      prefill prompts after their stored prefixes (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
@@ -25,6 +28,28 @@ Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod
 so a stream of requests compiles one prefill per prompt bucket and power of two of requests admitted
 together (``k`` is padded with rows that are computed and written nowhere), one decode per power of two of
 busy rows, and one each of shift, move, restart, release and start.
+
+Prefix caching. With ``prefixes`` entries the engine holds a store beside the cache: per layer, arrays
+shaped as the cache's but ``[prefixes, ..., prefix_length, ...]``. :meth:`SlotEngine.keep` gathers the
+first ``count`` prompt tokens' keys and values of a row into an entry, left-aligned (entry column ``p``
+holds position ``p``), from the columns the engine recorded at admission (moved by shifts and moves). An
+admission that reuses ``count`` tokens of an entry prefills only the rest of its prompt
+(:func:`reuse_program`): one forward over the rest, left-padded into its bucket, at positions ``count,
+count + 1, ...``, into a small cache whose first ``held`` columns (the bucket of the longest reused
+prefix) are the entry's, the first ``count`` of them visible; those ``held + bucket`` columns are then
+written into the row ending at the clock, exactly as a whole prompt's bucket is. Why the tokens are
+those the prompt gets prefilled whole: a key or value at position ``p`` depends only on the tokens up to
+``p`` (causal attention), so the stored ones are the ones a whole prefill computes, up to rounding;
+positions are passed explicitly, and ``valid`` hides the invisible stored columns and the padding between
+the stored prefix and the rest, so every query attends to exactly its prompt's earlier tokens. Columns
+no longer equal positions across that gap, which a sliding window or chunked attention counted in
+columns would see: such models get no store (:func:`prefix_refusal`; ``hfax serve`` then prefills every
+prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
+programs of requests without a reused prefix are unchanged; a reusing prefill compiles per pair of
+buckets (stored, rest) and power of two of requests, a keep per bucket of tokens kept and power of two
+of entries. packages/hfax-jax/tests/test_slots.py
+(``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
+the openai client, against transformers) check it.
 
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
