@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import Admission, Kept, SlotEngine
+from hfax.generation.slots import Admission, SlotEngine
 from hfax.specs import Backend
 
 log = logging.getLogger("hfax.serve")
@@ -50,7 +50,7 @@ def engine(
     ``prefixes`` prompt prefixes, its programs compiled by throwaway requests: for every power of two of
     busy rows a decode program, and a prefill of that many one-token prompts admitted together
     (requests arriving together, or one request's ``n`` choices, then compile nothing until a longer
-    prompt comes), and a copy of that many prompts of up to one bucket into the prefix store."""
+    prompt comes)."""
     slot_engine = backend.serving_engine(
         model, slots=slots, length=length, chunk=chunk, prefixes=prefixes
     )
@@ -62,12 +62,6 @@ def engine(
         slot_engine.decode(1, busy)
         slot_engine.read()
         rows *= 2
-    kept = 1
-    while kept <= min(
-        slots, slot_engine.prefixes
-    ):  # the first bucket's keeps, for each power of two
-        slot_engine.keep([Kept(row, row, 1) for row in range(kept)])
-        kept *= 2
     slot_engine.move(0, 0)
     slot_engine.release(np.ones((slots,), bool))
     slot_engine.shift(0)

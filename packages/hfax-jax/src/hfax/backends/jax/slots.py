@@ -46,8 +46,8 @@ no longer equal positions across that gap, which a sliding window or chunked att
 columns would see: such models get no store (:func:`prefix_refusal`; ``hfax serve`` then prefills every
 prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
 programs of requests without a reused prefix are unchanged; a reusing prefill compiles per pair of
-buckets (stored, rest) and power of two of requests, a keep per bucket of tokens kept and power of two
-of entries. packages/hfax-jax/tests/test_slots.py
+buckets (stored, rest) and power of two of requests when first needed, and a keep (every entry's row
+of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
 (``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
 the openai client, against transformers) check it.
 
@@ -643,6 +643,10 @@ class SlotEngine:
             min(bucket(prefix_length, MIN_LENGTH_BUCKET), length) if prefix_length else most
         )
         self.store = self._empty_store() if self.prefixes else []
+        taken = MIN_LENGTH_BUCKET
+        while self.prefixes and taken <= self.prefix_length:  # every keep program, writing nowhere
+            self._keep(*self._kept(taken))
+            taken *= 2
         # The host's record of each row's prompt: its tokens and the column of each (moved by shift and
         # move), and of each store entry's tokens: what keep and a reuse check against.
         self._prompts: dict[int, tuple[list[int], np.ndarray]] = {}
@@ -734,7 +738,7 @@ class SlotEngine:
 
     def keep(self, kept: Sequence[Kept]) -> None:
         """Copy each :class:`Kept`'s prompt tokens from its row into its store entry (:func:`keep_program`,
-        one program per bucket of the most tokens kept and power of two of entries written)."""
+        one program per bucket of the most tokens kept, all compiled when the engine is made)."""
         for one in kept:
             if not 0 <= one.entry < self.prefixes:
                 raise ValueError(
@@ -756,16 +760,25 @@ class SlotEngine:
                 )
         if len({one.entry for one in kept}) != len(kept):
             raise ValueError(f"keep writes each entry once, got {[one.entry for one in kept]}")
-        taken = self.bucket(max(one.count for one in kept))
-        count = bucket(len(kept), 1)
-        row = np.zeros((count,), np.int32)
-        entry = np.full((count,), self.prefixes, np.int32)  # padding: written nowhere
-        columns = np.zeros((count, taken), np.int32)
+        row, entry, columns = self._kept(self.bucket(max(one.count for one in kept)))
         for i, one in enumerate(kept):
             ids, where = self._prompts[one.row]
             row[i], entry[i] = one.row, one.entry
             columns[i, : one.count] = where[: one.count]
             self._held[one.entry] = ids[: one.count]
+        self._keep(row, entry, columns)
+
+    def _kept(self, taken: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`keep_program`'s rows, entries and columns for ``taken`` tokens, one per entry of the
+        store (a keep writes each entry at most once), all padding: written nowhere."""
+        count = self.prefixes
+        return (
+            np.zeros((count,), np.int32),
+            np.full((count,), self.prefixes, np.int32),
+            np.zeros((count, taken), np.int32),
+        )
+
+    def _keep(self, row: np.ndarray, entry: np.ndarray, columns: np.ndarray) -> None:
         program = self.model.program("serve_keep", keep_program, donate=("store",))
         self.store = program(
             self.state,
