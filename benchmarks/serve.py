@@ -89,13 +89,15 @@ def _free_port() -> int:
 class Server:
     """``hfax serve`` in a subprocess on 127.0.0.1."""
 
-    def __init__(self, path: str, dtype: str, slots: int, log: Path) -> None:
+    def __init__(
+        self, path: str, dtype: str, slots: int, log: Path, options: tuple[str, ...] = ()
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "w")
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", path,
                    "--dtype", dtype, "--port", str(self.port), "--max-batch", str(slots),
-                   "--max-queue", "256", "--max-len", "256"]  # fmt: skip
+                   "--max-queue", "256", "--max-len", "256", *options]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:

@@ -47,6 +47,8 @@ class StandInEngine:
     that long per step, without the GIL, as a device's step would (0: the host alone bounds the rate, and
     the scheduler's thread competes with the HTTP layer's for the interpreter all the time)."""
 
+    prefixes = 0  # no prefix store: every prompt is prefilled (for nothing) whole
+
     def __init__(self, slots: int, length: int, chunk: int, step_s: float = 0.0) -> None:
         self.step_s = step_s
         self.slots, self.length, self.chunk, self.clock, self.vocab = slots, length, chunk, 0, VOCAB

@@ -767,6 +767,139 @@ def test_programs_compile_per_prompt_bucket_only(served):
     assert served.metrics()["hfax_compiles_total"] == before + 1
 
 
+def _prefixed(seed: int, length: int) -> list[int]:
+    """A prompt's first ``length`` token ids: BOS, then words drawn with ``seed``."""
+    return [1, *np.random.default_rng(seed).integers(4, 128, length - 1).tolist()]
+
+
+def _reused(served) -> float:
+    return served.metrics()["hfax_prefix_reused_tokens_total"]
+
+
+def _check_against_transformers(served, ids: list[int], choice, max_new: int) -> None:
+    """``choice``'s tokens are transformers' greedy ones and their logprobs its log-softmax (1e-4)."""
+    import torch
+
+    expected = served.greedy(ids, max_new)
+    assert choice.logprobs.tokens == [served.tokenizer.decode([t]) for t in expected]
+    with torch.no_grad():
+        logits = served.reference(torch.tensor([ids + expected])).logits[0, len(ids) - 1 : -1]
+    want = torch.log_softmax(logits.float(), -1)[torch.arange(len(expected)), expected].numpy()
+    np.testing.assert_allclose(choice.logprobs.token_logprobs, want, atol=1e-4)
+
+
+def test_requests_sharing_a_prefix_reuse_it_and_answer_as_transformers(served):
+    """Prefix caching (hfax.serve.prefixes): a 43-token prompt is prefilled whole and its first 32 tokens
+    kept; a prompt beginning with the same 40 then prefills only its last 10, reading 32 from the store.
+    Both get transformers' greedy tokens and log-softmax (1e-4); so does a prompt that is exactly a kept
+    prefix (32 tokens, 31 of them reused: its last token is prefilled for its logits)."""
+    assert served.metrics()["hfax_prefix_store_entries"] == 4  # on by default
+    prefix = _prefixed(1, 40)
+    before = _reused(served)
+    for ids in (prefix + [10, 11, 12], prefix + [20, 21]):
+        _check_against_transformers(
+            served, ids, served.complete(ids, max_tokens=8, logprobs=1).choices[0], 8
+        )
+    assert _reused(served) - before == 32
+    exact = _prefixed(3, 32)
+    served.complete(exact + [5], max_tokens=2)  # kept: its first 32 tokens
+    before = _reused(served)
+    _check_against_transformers(
+        served, exact, served.complete(exact, max_tokens=8, logprobs=1).choices[0], 8
+    )
+    assert _reused(served) - before == 31
+
+
+def test_concurrent_requests_with_one_new_prefix_answer_as_transformers(served):
+    """Two clients at once with one prefix no entry holds yet, and different suffixes: whether admitted in
+    one turn (the first prefilled whole and kept, the second reusing it after) or one after the other,
+    each gets transformers' tokens and logprobs, and 48 tokens are reused. Seeded sampling with n=2 on
+    a third new prefix (choice 0 kept, choice 1 reusing it in the same turn) draws what hfax's
+    generate draws for two copies of the prompt."""
+    prefix = _prefixed(2, 50)
+    jobs = [prefix + [7, 8, 9], prefix + [30, 31]]
+    answers: list = [None, None]
+    before = _reused(served)
+
+    def ask(i: int) -> None:
+        answers[i] = served.complete(jobs[i], max_tokens=8, logprobs=1).choices[0]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for ids, choice in zip(jobs, answers):
+        _check_against_transformers(served, ids, choice, 8)
+    assert _reused(served) - before == 48
+    ids = _prefixed(5, 45) + [9, 10]
+    before = _reused(served)
+    options = dict(max_tokens=10, temperature=0.8, top_p=0.9, seed=1234, n=2)
+    answer = served.complete(ids, **options)
+    assert _reused(served) - before == 32
+    out = served.jax_model.generate(
+        np.array([ids, ids]), max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9,
+        top_k=0, seed=1234,
+    )  # fmt: skip
+    expected = [served.text(_until_eos(row[len(ids) :].tolist())) for row in np.asarray(out)]
+    assert [c.text for c in answer.choices] == expected and expected[0] != expected[1]
+
+
+def test_an_evicted_prefix_is_prefilled_again_and_kept_again(served):
+    """A prefix kept, then pushed out of the store (least recently used first) by as many new prefixes as
+    the store has entries: asked again, it is prefilled whole (nothing reused) with transformers'
+    answer, kept again, and reused by the request after."""
+    prefix = _prefixed(6, 33)
+    served.complete(prefix + [4], max_tokens=2)
+    for seed in range(int(served.metrics()["hfax_prefix_store_entries"])):
+        served.complete(_prefixed(100 + seed, 40), max_tokens=2)
+    before = _reused(served)
+    for ids in (prefix + [11, 12], prefix + [13]):
+        _check_against_transformers(
+            served, ids, served.complete(ids, max_tokens=8, logprobs=1).choices[0], 8
+        )
+    assert _reused(served) - before == 32  # the second request's only
+
+
+def test_models_with_sliding_windows_keep_no_prefixes_and_prefill_whole(tmp_path_factory):
+    """A model with a sliding window (a tiny Mistral, window 5) gets no prefix store, with the reason: the
+    scheduler prefills every prompt whole, and two prompts sharing 40 tokens get transformers' tokens."""
+    import hfax
+    from hfax import serve
+    from hfax.generation.rows import Sampling
+    from hfax.serve.scheduler import Scheduler, Sequence
+    from hfax.testing import reference_generate, tiny_models
+
+    _, reference, model = tiny_models(tmp_path_factory.mktemp, backend="jax")("mistral")
+    engine = serve.engine(hfax.get_backend("jax"), model, slots=2, length=96, prefixes=4)
+    assert engine.prefixes == 0 and "sliding window of 5 tokens" in engine.prefix_refusal
+    scheduler = Scheduler(engine, [2], max_queue=4)
+    assert scheduler.prefixes is None
+    prefix = _prefixed(7, 40)
+    prompts = [prefix + [5, 6], prefix + [8]]
+    got: dict[int, list[int]] = {0: [], 1: []}
+    done = threading.Semaphore(0)
+
+    def deliver(i: int):
+        def take(event) -> None:
+            got[i] += event.ids
+            if event.finish:
+                done.release()
+
+        return take
+
+    try:
+        for i, ids in enumerate(prompts):
+            scheduler.submit([Sequence(ids, 8, Sampling(0.0), deliver(i))])
+            assert done.acquire(timeout=120)
+    finally:
+        scheduler.close()
+    for i, ids in enumerate(prompts):
+        out = reference_generate(reference, np.array([ids]), max_new_tokens=8)[0]
+        assert got[i] == _until_eos(out[len(ids) :].tolist())
+    assert scheduler.counters.reused_tokens == 0 and scheduler.counters.kept_prefixes == 0
+
+
 def test_readme_client_example_runs(served, capsys):
     """The README's openai-client block, pointed at this server and its model."""
     from pathlib import Path
@@ -805,7 +938,11 @@ def test_shutdown_finishes_in_flight_requests(served):
 
 
 def test_cli_refuses_bad_options_in_one_line():
-    for args, message in [(["--max-batch", "0"], "--max-batch"), (["--port", "0"], "--port")]:
+    for args, message in [
+        (["--max-batch", "0"], "--max-batch"),
+        (["--port", "0"], "--port"),
+        (["--prefix-cache", "-1"], "--prefix-cache"),
+    ]:
         run = subprocess.run(
             [sys.executable, "-c", "from hfax.cli import main; main()", "serve", *args],
             capture_output=True, text=True, env={**os.environ}, timeout=120,

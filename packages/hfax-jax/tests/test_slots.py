@@ -237,3 +237,61 @@ def test_allowed_tokens_narrow_a_rows_choice_and_leave_its_neighbour_as_it_is(ti
             want.append(float(torch.log_softmax(logits, -1)[token]))
     assert tokens[0] == expected
     np.testing.assert_allclose(logprobs, want, atol=1e-4)
+
+
+SHARED = [1] + list(range(60, 100))  # 41 tokens: two whole blocks of 16 and more
+
+
+def _finish(engine: SlotEngine, tokens: dict[int, list[int]], rows: int) -> dict[int, list[int]]:
+    """Decode until every row of ``tokens`` finished, collecting their tokens."""
+    finished = False
+    while not finished:
+        engine.decode(engine.chunk, rows)
+        chunk = engine.read()
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        finished = chunk.finished[list(tokens)].all()
+    return tokens
+
+
+def test_prompts_reusing_a_stored_prefix_get_their_generate_tokens(tiny):
+    # A prompt is prefilled whole and its first 32 tokens kept in the prefix store; three prompts that
+    # begin with them (greedy, sampled, and one that is exactly the kept 32 tokens) then prefill only the
+    # rest, attending to the stored columns, while the first decodes: each gets generate's tokens, with
+    # its first token's logprob within 1e-4 of the one it gets prefilled whole. Then the first prompt,
+    # moved by a shift since its prefill, is kept whole in entry 0 and reused.
+    from hfax.generation.slots import Kept, Reuse
+
+    _, _, model = tiny("llama")
+    prompts = [SHARED + [5, 9], SHARED + [30, 40, 7], SHARED[:32], SHARED + [5, 9, 11, 12]]
+    greedy = [_generated(model, p, do_sample=False) for p in prompts]
+    sampled = _generated(model, prompts[1], do_sample=True, top_k=0, **SAMPLED)
+    whole = SlotEngine(model, slots=4, length=160, chunk=4)
+    whole.shift(64)
+    alone = [_admit(whole, 0, p, Sampling(0.0)) for p in prompts[1:3]]
+    engine = SlotEngine(model, slots=4, length=160, chunk=4, prefixes=2)
+    assert engine.prefix_length == 64 and engine.columns(43, 32) == 32 + 16
+    engine.shift(64)
+    tokens = {0: [int(_admit(engine, 0, prompts[0], Sampling(0.0))["token"])]}
+    engine.keep([Kept(0, 1, 32)])
+    reused = [
+        Admission(1, prompts[1], Sampling(0.0), NEW, reuse=Reuse(1, 32)),
+        Admission(2, prompts[2], Sampling(0.0), NEW, reuse=Reuse(1, 31)),
+        Admission(3, prompts[1], Sampling(**SAMPLED), NEW, reuse=Reuse(1, 32)),
+    ]
+    engine.shift(16)  # room for the stored columns' bucket and the rest's
+    chosen = engine.admit(reused)
+    for one, first in zip(chosen[:2], alone):
+        assert int(one["token"]) == int(first["token"])
+        np.testing.assert_allclose(one["logprob"], first["logprob"], atol=1e-4)
+    tokens.update({r.row: [int(c["token"])] for r, c in zip(reused, chosen)})
+    tokens = _finish(engine, tokens, 4)
+    assert [tokens[0], tokens[1], tokens[2]] == greedy[:3] and tokens[3] == sampled
+    engine.keep([Kept(0, 0, 43)])
+    after = engine.admit([Admission(1, prompts[3], Sampling(0.0), NEW, reuse=Reuse(0, 43))])
+    assert _finish(engine, {1: [int(after[0]["token"])]}, 4)[1] == greedy[3]
+    with pytest.raises(ValueError, match="holds 43 tokens"):
+        engine.admit([Admission(0, [1, 2, 3], Sampling(0.0), NEW, reuse=Reuse(0, 2))])
+    engine.restart(64)
+    with pytest.raises(ValueError, match="80 columns before the clock"):
+        engine.admit([Admission(1, prompts[3], Sampling(0.0), NEW, reuse=Reuse(0, 43))])

@@ -68,8 +68,13 @@ def test_serve_on_a_backend_without_an_engine_fails_before_loading_anything(tmp_
 class RecordingEngine:
     """Records what the warm-up asks of it; a chunk finishes every row at once."""
 
+    prefixes = 0  # no prefix store
+
     def __init__(self, slots: int) -> None:
         self.slots, self.calls = slots, []
+
+    def bucket(self, length):
+        return 16
 
     def admit(self, requests):
         self.calls.append(("admit", [request.row for request in requests]))
@@ -105,15 +110,15 @@ class Serving(hfax.Backend):
     def serves(self):
         return True
 
-    def serving_engine(self, model, *, slots, length, chunk):
-        self.asked = (model, slots, length, chunk)
+    def serving_engine(self, model, *, slots, length, chunk, prefixes=0):
+        self.asked = (model, slots, length, chunk, prefixes)
         return RecordingEngine(slots)
 
 
 def test_the_server_warms_up_the_engine_its_backend_declares():
     backend, model = Serving(), object()
     engine = serve.engine(backend, model, slots=4, length=64)
-    assert backend.asked == (model, 4, 64, serve.CHUNK)
+    assert backend.asked == (model, 4, 64, serve.CHUNK, 0)
     # A prefill of 1, 2 and 4 prompts together and a decode program for as many busy rows, then every
     # row free and the clock back at 0.
     decodes = [call[1] for call in engine.calls if call[0] == "decode"]

@@ -6,6 +6,7 @@ The engine here is a stand-in that keeps only the column bookkeeping (the real o
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -25,6 +26,7 @@ class ColumnsEngine:
     decode."""
 
     vocab = 40  # two words of allowed bits per row
+    prefixes = 0  # no prefix store
 
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
@@ -258,3 +260,69 @@ def test_a_sequence_with_a_grammar_decodes_one_allowed_step_at_a_time_and_ends_w
         ("decode", 4, None)
     ] * len(rest[1:])
     assert rest[1:], "the plain sequence decoded in chunks again"
+
+
+class PrefixEngine(ColumnsEngine):
+    """:class:`ColumnsEngine` with a prefix store of two entries of up to 64 tokens: buckets are powers of
+    two from 16; each admit call records its rows and reuses, each keep call its entries and counts."""
+
+    prefixes, prefix_length = 2, 64
+
+    def __init__(self, slots: int, length: int, chunk: int) -> None:
+        super().__init__(slots, length, chunk)
+        self.calls: list[tuple[str, list]] = []
+
+    def bucket(self, length: int) -> int:
+        return max(BUCKET, 1 << (length - 1).bit_length())
+
+    def columns(self, length: int, reused: int = 0) -> int:
+        return self.bucket(length - reused) + (self.bucket(reused) if reused else 0)
+
+    def admit(self, requests) -> list[dict]:
+        reused = [r.reuse.count if r.reuse else 0 for r in requests]
+        held = self.bucket(max(reused)) if requests[0].reuse else 0
+        size = self.bucket(max(len(r.ids) - n for r, n in zip(requests, reused)))
+        assert self.clock >= held + size, "columns outside the rows"
+        self.calls.append(
+            ("admit", [(r.row, r.reuse and (r.reuse.entry, r.reuse.count)) for r in requests])
+        )
+        return super().admit([dataclasses.replace(r, ids=r.ids[:1]) for r in requests])
+
+    def keep(self, kept) -> None:
+        self.calls.append(("keep", [(k.row, k.entry, k.count) for k in kept]))
+
+
+def test_prompts_sharing_a_prefix_reuse_it_in_the_turn_after_it_is_kept_or_the_same_one():
+    """Three sequences taken in one turn, two sharing a 40-token prefix: the first of those two and the
+    third prefilled whole in one call, their first 32 tokens kept (an entry each), then the second reusing
+    32 in a call of its own. A later sequence beginning with the third's prompt reuses its entry, and a new
+    prefix evicts the entry least recently used (the first's)."""
+    engine = PrefixEngine(slots=4, length=128, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    shared, other = list(range(1, 41)), list(range(50, 90))
+    done = threading.Semaphore(0)
+
+    def sequence(ids):
+        return Sequence(ids, 2, Sampling(0.0), lambda event: event.finish and done.release())
+
+    try:
+        scheduler.submit([sequence(shared + [3]), sequence(other + [4]), sequence(shared + [5, 6])])
+        for _ in range(3):
+            assert done.acquire(timeout=10)
+        assert engine.calls == [
+            ("admit", [(0, None), (1, None)]),
+            ("keep", [(0, 0, 32), (1, 1, 32)]),
+            ("admit", [(2, (0, 32))]),
+        ]
+        engine.calls.clear()
+        for ids in (other + [7, 8], list(range(100, 140))):
+            scheduler.submit([sequence(ids)])
+            assert done.acquire(timeout=10)
+        assert engine.calls == [
+            ("admit", [(0, (1, 32))]),
+            ("admit", [(0, None)]),
+            ("keep", [(0, 0, 32)]),
+        ]
+        assert scheduler.counters.reused_tokens == 64 and scheduler.counters.kept_prefixes == 3
+    finally:
+        scheduler.close()

@@ -34,16 +34,37 @@ class Chunk:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reuse:
+    """The first ``count`` tokens of a prompt, whose keys and values entry ``entry`` of the engine's prefix
+    store holds (:meth:`SlotEngine.keep` put them there): only the tokens after them are prefilled."""
+
+    entry: int
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Admission:
     """One request for :meth:`SlotEngine.admit`: its prompt ``ids`` to prefill into the free ``row``, its
-    ``sampling`` settings and ``max_new`` limit, and ``allowed``, the tokens its first token may be (a
-    packed bitmask, int32 ``[ceil(vocab / 32)]``, :func:`hfax.generation.rows.allow`), ``None`` for any."""
+    ``sampling`` settings and ``max_new`` limit, ``allowed``, the tokens its first token may be (a
+    packed bitmask, int32 ``[ceil(vocab / 32)]``, :func:`hfax.generation.rows.allow`), ``None`` for any,
+    and ``reuse``, the prompt's first tokens as the prefix store holds them (``None``: prefill them all)."""
 
     row: int
     ids: list[int]
     sampling: Sampling
     max_new: int
     allowed: np.ndarray | None = None
+    reuse: Reuse | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """For :meth:`SlotEngine.keep`: the keys and values of the first ``count`` prompt tokens of the request
+    in ``row``, to be held by entry ``entry`` of the prefix store."""
+
+    row: int
+    entry: int
+    count: int
 
 
 @dataclasses.dataclass
@@ -64,21 +85,40 @@ class SlotEngine(Protocol):
     the host allows, and the host knows which only after the token before it. :meth:`admit` (per
     :class:`Admission`) and :meth:`decode` take those tokens as ``allowed``, a packed bitmask
     (:func:`hfax.generation.rows.allow`), and :meth:`decode` then runs one step; without ``allowed`` they run
-    as they would without grammars."""
+    as they would without grammars.
+
+    Prefix caching: an engine may hold a store of ``prefixes`` entries of up to ``prefix_length`` tokens'
+    keys and values each (none when ``prefixes`` is 0, and ``prefix_refusal`` then says why if the
+    model is the reason). :meth:`keep` copies a prompt's first tokens there from its row; a later
+    :class:`Admission` with a :class:`Reuse` of them prefills only the rest of its prompt, attending to
+    the stored ones, and gets the tokens it gets without. Which entry holds which tokens is the
+    caller's to track."""
 
     slots: int
     length: int
     chunk: int
     clock: int
     vocab: int  # the width of the logits a token is chosen from (what ``allowed`` has one bit per)
+    prefixes: int  # entries of the prefix store
+    prefix_length: int  # tokens an entry holds at most
+    prefix_refusal: str  # why the model gets no prefix store ("" if it may have one)
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
 
+    def columns(self, length: int, reused: int = 0) -> int:
+        """The columns before the clock that a prompt of ``length`` tokens takes when its first ``reused``
+        come from the prefix store (0: none do; then its :meth:`bucket`)."""
+
     def admit(self, requests: Sequence[Admission]) -> list[dict[str, Any]]:
-        """Prefill each request's ``ids`` into its row, every prompt ending at the clock, in one program;
-        each request's first token's choice, on the host, in order (a dict of ``token``, ``logprob``,
-        ``top_ids``, ``top_logprobs``)."""
+        """Prefill each request's ``ids`` into its row, every prompt ending at the clock, in one program
+        (requests that reuse stored prefixes, all of them or none); each request's first token's
+        choice, on the host, in order (a dict of ``token``, ``logprob``, ``top_ids``,
+        ``top_logprobs``)."""
+
+    def keep(self, kept: Sequence[Kept]) -> None:
+        """Copy each :class:`Kept`'s prompt tokens from its row into its entry of the prefix store (one
+        program): rows admitted since the last :meth:`shift` that moved their prompts out."""
 
     def score(self, ids: list[int]) -> Scored:
         """``ids``' own log-probabilities (what ``echo`` with ``logprobs`` answers), in a forward of their

@@ -20,6 +20,8 @@ from hfax.generation.rows import Sampling
 from hfax.generation.slots import Admission, SlotEngine
 from hfax.specs import Backend
 
+log = logging.getLogger("hfax.serve")
+
 #: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
 #: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
 #: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels in short
@@ -41,12 +43,18 @@ def context_length(model: Any, requested: int | None) -> int:
     return requested
 
 
-def engine(backend: Backend, model: Any, slots: int, length: int, chunk: int = CHUNK) -> SlotEngine:
-    """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`), its programs compiled
-    by throwaway requests: for every power of two of busy rows a decode program, and a prefill of that
-    many one-token prompts admitted together (requests arriving together, or one request's ``n``
-    choices, then compile nothing until a longer prompt comes)."""
-    slot_engine = backend.serving_engine(model, slots=slots, length=length, chunk=chunk)
+def engine(
+    backend: Backend, model: Any, slots: int, length: int, chunk: int = CHUNK, prefixes: int = 0
+) -> SlotEngine:
+    """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`) with a store of
+    ``prefixes`` prompt prefixes, its programs compiled by throwaway requests: for every power of two of
+    busy rows a decode program, and a prefill of that many one-token prompts admitted together
+    (requests arriving together, or one request's ``n`` choices, then compile nothing until a longer
+    prompt comes)."""
+    slot_engine = backend.serving_engine(
+        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes
+    )
+    slot_engine.restart(slot_engine.bucket(1))
     rows = 1
     while rows < 2 * slots:
         busy = min(rows, slots)
@@ -73,9 +81,11 @@ def run(
     max_queue: int,
     max_len: int | None,
     drain: float,
+    prefixes: int = 0,
 ) -> None:
     """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
-    ``drain`` seconds to end."""
+    ``drain`` seconds to end; prompts' prefixes are kept in a store of ``prefixes`` entries for requests
+    that begin with them (:mod:`hfax.serve.prefixes`)."""
     import uvicorn
 
     from hfax.serve.app import Server, build
@@ -85,7 +95,10 @@ def run(
     length = context_length(model, max_len)
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    scheduler = Scheduler(engine(backend, model, max_batch, length), eos, max_queue)
+    slot_engine = engine(backend, model, max_batch, length, prefixes=prefixes)
+    if prefixes and slot_engine.prefix_refusal:
+        log.warning("hfax serve: prefix caching is off: %s", slot_engine.prefix_refusal)
+    scheduler = Scheduler(slot_engine, eos, max_queue)
     server = Server(scheduler, tokenizer, name, length)
     server.formats.prepare()
     config = uvicorn.Config(

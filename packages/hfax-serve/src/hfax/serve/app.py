@@ -445,9 +445,27 @@ def metrics(server: Server) -> str:
             counters.busy_row_steps,
         ),
         ("hfax_cache_shifts_total", "counter", "Times every row's cache moved.", counters.shifts),
+        (
+            "hfax_prefix_reused_tokens_total",
+            "counter",
+            "Prompt tokens read from the prefix store instead of prefilled.",
+            counters.reused_tokens,
+        ),
+        (
+            "hfax_prefix_kept_total",
+            "counter",
+            "Prompt prefixes copied into the prefix store.",
+            counters.kept_prefixes,
+        ),
         ("hfax_queue_depth", "gauge", "Sequences waiting for a row.", scheduler.waiting),
         ("hfax_batch_occupancy", "gauge", "Rows holding a sequence.", scheduler.busy),
         ("hfax_batch_slots", "gauge", "Rows of the decode program.", scheduler.engine.slots),
+        (
+            "hfax_prefix_store_entries",
+            "gauge",
+            "Prompt prefixes the device keeps (0: prefix caching off).",
+            scheduler.engine.prefixes,
+        ),
         ("hfax_compiles_total", "counter", "XLA programs compiled in this process.", compiles),
         (
             "hfax_compile_seconds_total",

@@ -48,10 +48,18 @@ def serve_command(
     drain: float = typer.Option(
         30.0, "--drain", help="Seconds in-flight requests get to finish on shutdown."
     ),
+    prefix_cache: int = typer.Option(
+        4,
+        "--prefix-cache",
+        help="Prompt prefixes kept on the device for requests that begin with them to reuse "
+        "(entries of up to half a row each; 0 turns prefix caching off).",
+    ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
     if max_batch < 1 or max_queue < 0:
         raise UserError("--max-batch must be at least 1 and --max-queue at least 0")
+    if prefix_cache < 0:
+        raise UserError(f"--prefix-cache {prefix_cache}: give 0 (off) or more entries")
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: choose a port from 1 to 65535")
     check_options(model, mesh, dtype, backend)
@@ -77,6 +85,7 @@ def serve_command(
             max_queue=max_queue,
             max_len=max_len,
             drain=drain,
+            prefixes=prefix_cache,
         )
     except NotImplementedError as error:
         raise UserError(str(error)) from None

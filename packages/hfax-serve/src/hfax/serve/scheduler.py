@@ -13,6 +13,12 @@ engine's clock, ``max_new`` after it), so admission checks they fit and
 otherwise shifts every row, or waits until rows finish (see :mod:`hfax.backends.jax.slots` for the column
 layout).
 
+With prefix caching (an engine with a prefix store, :mod:`hfax.serve.prefixes`), each sequence is
+planned as it is taken: the stored prefix it reuses (its columns are then the stored prefix's bucket and
+the rest's), whether its prompt is kept after its prefill, and the phase of the turn it runs in; the
+admissions of a turn run phase by phase, and each prefill call is followed by the copy of the prompts it
+keeps into the store.
+
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
 (all of them for rows without a grammar, which so get the tokens they get alone, one per step), its
@@ -32,7 +38,8 @@ from typing import Any, Callable
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import Admission, SlotEngine
+from hfax.generation.slots import Admission, Kept, SlotEngine
+from hfax.serve.prefixes import Plan, Prefixes
 
 log = logging.getLogger("hfax.serve")
 
@@ -61,6 +68,7 @@ class Sequence:
     # A hfax.serve.formats.Constraint when response_format asks for a grammar.
     constraint: Any = None
     row: int = -1
+    plan: Plan | None = None  # how it is admitted, when the engine keeps prefixes
     generated: int = 0
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
@@ -82,6 +90,8 @@ class Counters:
     decode_steps: int = 0
     busy_row_steps: int = 0
     shifts: int = 0
+    reused_tokens: int = 0
+    kept_prefixes: int = 0
 
 
 class Scheduler:
@@ -90,6 +100,7 @@ class Scheduler:
     def __init__(self, engine: SlotEngine, eos: list[int], max_queue: int) -> None:
         self.engine, self.eos, self.max_queue = engine, set(eos), max_queue
         self.counters = Counters()
+        self.prefixes = Prefixes(engine) if engine.prefixes else None
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._scoring: collections.deque[tuple[list[int], Callable[[Any], None]]] = (
             collections.deque()
@@ -177,6 +188,8 @@ class Scheduler:
                     "hfax serve: the engine failed; the requests it held end with an error"
                 )
                 self._fail([sequence for _, sequence in admitted] + list(filter(None, self._rows)))
+                if self.prefixes is not None:
+                    self.prefixes.forget()
 
     def _fail(self, sequences: list[Sequence]) -> None:
         with self._wake:
@@ -206,13 +219,24 @@ class Scheduler:
         free = [row for row, sequence in enumerate(self._rows) if sequence is None]
         taken: list[Sequence] = []
         size = most = 0
+        if self.prefixes is not None:
+            self.prefixes.turn()
         for sequence in self._waiting:
             if len(taken) == len(free):
                 break
-            bucket = max(size, self.engine.bucket(len(sequence.ids)))
             needed = max(most, sequence.max_new)
+            plan = None if self.prefixes is None else self.prefixes.plan(sequence.ids)
+            if plan is not None and plan.reuse and not self._fits(max(size, plan.columns), needed):
+                # A stored prefix's bucket beside the rest's can take more columns than the whole
+                # prompt's: prefilled whole, it may fit where it would not reusing.
+                plan = self.prefixes.plan(sequence.ids, reusing=False)  # type: ignore[union-attr]
+            columns = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
+            bucket = max(size, columns)
             if not self._fits(bucket, needed):
                 break
+            if plan is not None:
+                self.prefixes.commit(plan, sequence.ids)  # type: ignore[union-attr]
+            sequence.plan = plan
             taken.append(sequence)
             size, most = bucket, needed
         if not taken:
@@ -230,7 +254,8 @@ class Scheduler:
         for row, sequence in zip(free, taken):
             self._waiting.popleft()
             self._rows[row], sequence.row = sequence, row
-            bucket = self.engine.bucket(len(sequence.ids))
+            plan = sequence.plan
+            bucket = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
             self._spans[row] = (clock - bucket, clock + sequence.max_new)
         return list(zip(free, taken))
 
@@ -275,12 +300,24 @@ class Scheduler:
         of a bucket go together, and a short prompt never pays for a long one's columns. The shortest
         bucket goes first: every sequence admitted waits for this turn's prefills before its second
         token anyway, and short prompts first make the mean wait for a first token the least
-        (docs/PERFORMANCE.md, "batched admission")."""
-        groups: dict[int, list[tuple[int, Sequence]]] = {}
+        (docs/PERFORMANCE.md, "batched admission"). With prefix caching a sequence's
+        :class:`~hfax.serve.prefixes.Plan` decides: the phase of the turn first, then the buckets of the
+        stored prefix and of the rest; after each call, the prompts to keep are copied into the store."""
+        groups: dict[tuple[int, int, int], list[tuple[int, Sequence]]] = {}
         for row, sequence in admitted:
-            groups.setdefault(self.engine.bucket(len(sequence.ids)), []).append((row, sequence))
+            plan = sequence.plan
+            key = (0, 0, self.engine.bucket(len(sequence.ids))) if plan is None else plan.group
+            groups.setdefault(key, []).append((row, sequence))
         for _, group in sorted(groups.items()):
             self._prefill(group)
+            kept = [
+                Kept(row, *sequence.plan.keep)
+                for row, sequence in group
+                if sequence.plan is not None and sequence.plan.keep is not None
+            ]
+            if kept:
+                self.engine.keep(kept)
+                self.counters.kept_prefixes += len(kept)
 
     def _prefill(self, admitted: list[tuple[int, Sequence]]) -> None:
         """Prefill ``admitted`` in one engine call, and deliver each first token."""
@@ -291,6 +328,7 @@ class Scheduler:
                 sequence.sampling,
                 sequence.max_new,
                 None if sequence.constraint is None else self._allowed([sequence], 1)[0],
+                None if sequence.plan is None else sequence.plan.reuse,
             )
             for row, sequence in admitted
         ]
@@ -299,6 +337,8 @@ class Scheduler:
         ended = []
         for (row, sequence), chosen in zip(admitted, choices):
             self.counters.prompt_tokens += len(sequence.ids)
+            if sequence.plan is not None and sequence.plan.reuse is not None:
+                self.counters.reused_tokens += sequence.plan.reuse.count
             sequence.first_token = now
             token = int(chosen["token"])
             finish = self._finish_reason(token, 1, sequence)

@@ -52,9 +52,11 @@ class JaxBackend(Backend):
     def serves(self) -> bool:
         return True
 
-    def serving_engine(self, model: Any, *, slots: int, length: int, chunk: int) -> Any:
+    def serving_engine(
+        self, model: Any, *, slots: int, length: int, chunk: int, prefixes: int = 0
+    ) -> Any:
         """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
         from hfax.backends.jax.slots import SlotEngine
 
         model.check_can_generate()
-        return SlotEngine(model, slots, length, chunk)
+        return SlotEngine(model, slots, length, chunk, prefixes=prefixes)

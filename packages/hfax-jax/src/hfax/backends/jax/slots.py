@@ -9,6 +9,9 @@
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
     engine.move(source, target)                       one request to another row                  (one program)
     engine.restart(clock)                             every row free: move the clock only         (one program)
+    engine.keep([Kept(row, entry, count), ...])       a prompt's first tokens into the prefix store (one program)
+    engine.admit([Admission(..., reuse=Reuse(entry, count)), ...])
+                                                      prefill prompts after their stored prefixes (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
@@ -25,6 +28,28 @@ Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod
 so a stream of requests compiles one prefill per prompt bucket and power of two of requests admitted
 together (``k`` is padded with rows that are computed and written nowhere), one decode per power of two of
 busy rows, and one each of shift, move, restart, release and start.
+
+Prefix caching. With ``prefixes`` entries the engine holds a store beside the cache: per layer, arrays
+shaped as the cache's but ``[prefixes, ..., prefix_length, ...]``. :meth:`SlotEngine.keep` gathers the
+first ``count`` prompt tokens' keys and values of a row into an entry, left-aligned (entry column ``p``
+holds position ``p``), from the columns the engine recorded at admission (moved by shifts and moves). An
+admission that reuses ``count`` tokens of an entry prefills only the rest of its prompt
+(:func:`reuse_program`): one forward over the rest, left-padded into its bucket, at positions ``count,
+count + 1, ...``, into a small cache whose first ``held`` columns (the bucket of the longest reused
+prefix) are the entry's, the first ``count`` of them visible; those ``held + bucket`` columns are then
+written into the row ending at the clock, exactly as a whole prompt's bucket is. Why the tokens are
+those the prompt gets prefilled whole: a key or value at position ``p`` depends only on the tokens up to
+``p`` (causal attention), so the stored ones are the ones a whole prefill computes, up to rounding;
+positions are passed explicitly, and ``valid`` hides the invisible stored columns and the padding between
+the stored prefix and the rest, so every query attends to exactly its prompt's earlier tokens. Columns
+no longer equal positions across that gap, which a sliding window or chunked attention counted in
+columns would see: such models get no store (:func:`prefix_refusal`; ``hfax serve`` then prefills every
+prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
+programs of requests without a reused prefix are unchanged; a reusing prefill compiles per pair of
+buckets (stored, rest) and power of two of requests when first needed, and a keep (every entry's row
+of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
+(``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
+the openai client, against transformers) check it.
 
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
@@ -55,6 +80,7 @@ from hfax.backends.jax.generation import (
     Static,
     Window,
     _on_torch,
+    _state_sharding,
     _wait,
 )
 from hfax.generation import processors, rows, tokens
@@ -65,7 +91,7 @@ from hfax.generation.shapes import (
     cache_argument,
     no_static_cache,
 )
-from hfax.generation.slots import Admission, Chunk, Scored
+from hfax.generation.slots import Admission, Chunk, Kept, Scored
 
 
 def check_servable(model: Any, length: int) -> None:
@@ -118,6 +144,7 @@ class SlotStatic:
     step: Static
     layout: decode_layout.DecodeLayout
     rows: int = 0  # decode: how many leading rows it runs
+    held: int = 0  # a prefill reusing stored prefixes: the columns of each entry it reads
 
 
 def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
@@ -227,11 +254,76 @@ def admit_program(
     ``slots`` or more is padding: it is computed and written nowhere. With ``allowed`` (``[k,
     ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) each first token is chosen among the tokens its row
     allows; with ``None`` the program has no such input (requests without a grammar pay nothing)."""
-    prompt = ids.shape[1]
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1)
+    window = Window(ids, positions, mask, jnp.arange(ids.shape[1]))
+    counted = jnp.sum(mask, axis=1, dtype=jnp.int32)
+    return _prefilled(
+        model, params, state, window, None, counted, row, settings, eos, allowed, static
+    )
+
+
+def reuse_program(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    store: Any,
+    entry: Any,
+    reused: Any,
+    ids: Any,
+    mask: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
+    """:func:`admit_program` for prompts whose first ``reused`` tokens (``[k]``) entry ``entry`` (``[k]``)
+    of the prefix ``store`` holds: those ``static.held`` columns of each entry (the first ``reused``
+    visible) go before the rest of its prompt, ``ids``/``mask`` (``[k, bucket]``, left-padded, at
+    positions ``reused, reused + 1, ...``), and one forward over the rest attends to them; the
+    ``static.held + bucket`` columns are written into each row ending at the clock."""
+    held, prompt = static.held, ids.shape[1]
+    axes = _slot_axes(model, static.step)
+
+    def stored(name: str, value: Any) -> Any:
+        """Each request's entry's first ``held`` columns, then ``prompt`` empty ones."""
+        taken = jax.lax.slice_in_dim(
+            jnp.take(value, entry, axis=0, mode="clip"), 0, held, axis=axes[name]
+        )
+        padding = [(0, 0)] * taken.ndim
+        padding[axes[name]] = (0, prompt)
+        return jnp.pad(taken, padding)
+
+    before = [{name: stored(name, value) for name, value in layer.items()} for layer in store]
+    visible = jnp.concatenate([jnp.arange(held)[None, :] < reused[:, None], mask], axis=1)
+    positions = jnp.where(mask, reused[:, None] + jnp.cumsum(mask, axis=1) - 1, 1)
+    window = Window(ids, positions, visible, held + jnp.arange(prompt), held)
+    counted = reused + jnp.sum(mask, axis=1, dtype=jnp.int32)
+    return _prefilled(
+        model, params, state, window, before, counted, row, settings, eos, allowed, static
+    )
+
+
+def _prefilled(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    window: Window,
+    before: Any,
+    counted: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
+    """The forward over ``window`` into a cache of its columns holding ``before`` (``None``: empty), its
+    columns written into rows ``row`` ending at the clock, each row's ``counted`` tokens so far and first
+    token chosen (see :func:`admit_program`)."""
     forward = Forward(model, static.step, static.layout, params)
-    logits, small, _ = forward.decoder(Window(ids, positions, mask, jnp.arange(prompt)), None)
-    first = state["clock"] - prompt
+    logits, small, _ = forward.decoder(window, before)
+    width = window.valid.shape[1]
+    first = state["clock"] - width
     axes = _slot_axes(model, static.step)
 
     def put(name: str, big: Any, new: Any) -> Any:
@@ -239,7 +331,7 @@ def admit_program(
         columns of every row taken out, those rows replaced (padding rows dropped), put back."""
         if name not in axes:
             raise NotImplementedError(f"hfax serve cannot place a layer state {name!r} into a row")
-        columns = jax.lax.dynamic_slice_in_dim(big, first, prompt, axes[name])
+        columns = jax.lax.dynamic_slice_in_dim(big, first, width, axes[name])
         columns = columns.at[row].set(new.astype(big.dtype), mode="drop")
         return jax.lax.dynamic_update_slice_in_dim(big, columns, first, axes[name])
 
@@ -249,7 +341,7 @@ def admit_program(
     ]
     count, length = state["valid"].shape
     rows_valid = jax.lax.dynamic_update_slice(
-        jnp.zeros((row.shape[0], length), bool), mask, (0, first)
+        jnp.zeros((row.shape[0], length), bool), window.valid, (0, first)
     )
     valid = state["valid"].at[row].set(rows_valid, mode="drop")
     live = row < count
@@ -262,7 +354,7 @@ def admit_program(
         **settings,
         "counts": _counted(none, token, live),
         "last": token,
-        "position": jnp.sum(mask, axis=1, dtype=jnp.int32),
+        "position": counted,
         "step": zero + 1,
         "finished": _is_eos(token, eos) | (settings["limit"] <= 1),
     }
@@ -270,6 +362,72 @@ def admit_program(
         name: state["rows"][name].at[row].set(value, mode="drop") for name, value in per_row.items()
     }
     return {**state, "states": states, "valid": valid, "rows": table}, chosen
+
+
+def keep_program(
+    model: Any,
+    state: dict[str, Any],
+    store: Any,
+    row: Any,
+    entry: Any,
+    columns: Any,
+    static: Static,
+) -> Any:
+    """The prefix ``store`` with entry ``entry[i]``'s first ``columns.shape[1]`` columns copied from
+    columns ``columns[i]`` (``[k, n]``, one per prompt position) of row ``row[i]``; an entry index past
+    the store's is padding, written nowhere."""
+    axes = _slot_axes(model, static)
+    taken = columns.shape[1]
+
+    def kept(name: str, value: Any, big: Any) -> Any:
+        axis = axes[name]
+        copied = jax.vmap(lambda r, c: jnp.take(big[r], c, axis=axis - 1))(row, columns)
+        where = (entry, *[slice(None)] * (axis - 1), slice(0, taken))
+        return value.at[where].set(copied, mode="drop")
+
+    return [
+        {name: kept(name, value, big[name]) for name, value in layer.items()}
+        for layer, big in zip(store, state["states"])
+    ]
+
+
+def store_program(model: Any, state: dict[str, Any], sizes: Any, static: Static) -> Any:
+    """An empty prefix store: every layer state of ``state`` with ``sizes.shape`` (entries, columns) in
+    place of its rows and columns, split over the mesh as the cache is."""
+    axes = _slot_axes(model, static)
+    entries, columns = sizes.shape
+
+    def empty(name: str, value: Any) -> Any:
+        shape = list(value.shape)
+        shape[0], shape[axes[name]] = entries, columns
+        zeros = jnp.zeros(shape, value.dtype)
+        if model.mesh is None:
+            return zeros
+        return jax.lax.with_sharding_constraint(zeros, _state_sharding(model.mesh, tuple(shape)))
+
+    return [
+        {name: empty(name, value) for name, value in layer.items()} for layer in state["states"]
+    ]
+
+
+def prefix_refusal(model: Any) -> str:
+    """Why ``model`` gets no prefix store (``""`` when it may): the store is exact where every layer
+    attends to every earlier token by position, and a reused prefix sits at other columns than a prompt
+    prefilled whole, before a gap (:mod:`hfax.backends.jax.slots`)."""
+    form = masks.form(model.config, model.module)
+    bounded = [
+        f"{kind} layers see a sliding window of {span.window} tokens"
+        if span.window is not None
+        else f"{kind} layers see chunks of {span.chunk} tokens"
+        for kind, span in form.spans
+        if span.window is not None or span.chunk is not None
+    ]
+    if bounded:
+        return (
+            f"{type(model.module).__name__}'s {', '.join(bounded)}, counted in cache columns; prefix "
+            "caching keeps only models whose layers all see every earlier token"
+        )
+    return ""
 
 
 def score_program(
@@ -445,15 +603,27 @@ def release_program(model: Any, state: dict[str, Any], free: Any, static: Static
 
 
 class SlotEngine:
-    """``slots`` rows of a ``length``-column cache: the JAX backend's :class:`hfax.generation.slots.SlotEngine`."""
+    """``slots`` rows of a ``length``-column cache, and a store of ``prefixes`` prompt prefixes of up to
+    ``prefix_length`` tokens (default: half a row): the JAX backend's
+    :class:`hfax.generation.slots.SlotEngine`."""
 
-    def __init__(self, model: Any, slots: int, length: int, chunk: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        slots: int,
+        length: int,
+        chunk: int,
+        prefixes: int = 0,
+        prefix_length: int | None = None,
+    ) -> None:
         check_servable(model, length)
         if model.mesh is not None and slots % mesh.batch_multiple(model.mesh):
             raise ValueError(
                 f"--max-batch {slots} must be a multiple of the mesh's batch axes "
                 f"({mesh.batch_multiple(model.mesh)})"
             )
+        if prefixes < 0:
+            raise ValueError(f"the prefix store takes 0 or more entries, not {prefixes}")
         self.model, self.slots, self.length, self.chunk = model, slots, length, chunk
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
@@ -464,21 +634,60 @@ class SlotEngine:
         self.state = program(model.params, valid, table, static=self._decode_static)
         self.clock = 0  # the host's copy of the device's clock
         self.vocab = int(self.state["rows"]["counts"].shape[1])
+        self.prefix_refusal = prefix_refusal(model) if prefixes else ""
+        self.prefixes = 0 if self.prefix_refusal else prefixes
+        most = bucket(max(length // 2, 1), MIN_LENGTH_BUCKET)  # half a row, in whole buckets
+        if most > max(length // 2, MIN_LENGTH_BUCKET):
+            most //= 2
+        self.prefix_length = (
+            min(bucket(prefix_length, MIN_LENGTH_BUCKET), length) if prefix_length else most
+        )
+        self.store = self._empty_store() if self.prefixes else []
+        taken = MIN_LENGTH_BUCKET
+        while self.prefixes and taken <= self.prefix_length:  # every keep program, writing nowhere
+            self._keep(*self._kept(taken))
+            taken *= 2
+        # The host's record of each row's prompt: its tokens and the column of each (moved by shift and
+        # move), and of each store entry's tokens: what keep and a reuse check against.
+        self._prompts: dict[int, tuple[list[int], np.ndarray]] = {}
+        self._held: dict[int, list[int]] = {}
 
     def _replicate(self, tree: Any) -> Any:
         return mesh.replicate(tree, self.model.mesh)
+
+    def _empty_store(self) -> list[dict[str, Any]]:
+        """Zeros shaped as every row's layer states but with ``prefixes`` rows of ``prefix_length``
+        columns, held as the cache is (:func:`store_program`)."""
+        program = self.model.program("serve_store", store_program)
+        sizes = self._replicate(np.zeros((self.prefixes, self.prefix_length), np.int8))
+        return program(self.state, sizes, static=self._decode_static)
 
     def bucket(self, length: int) -> int:
         """The prompt bucket a prompt of ``length`` tokens is padded into."""
         return bucket(length, MIN_LENGTH_BUCKET)
 
+    def columns(self, length: int, reused: int = 0) -> int:
+        """The columns before the clock a prompt of ``length`` tokens takes, its first ``reused`` from the
+        prefix store: the stored ones' bucket, then the rest's."""
+        return self.bucket(length - reused) + (self.bucket(reused) if reused else 0)
+
     def admit(self, requests: Sequence[Admission]) -> list[dict[str, Any]]:
         """Prefill every request's ``ids`` into its row at the clock in one program (:func:`admit_program`),
         padded into the bucket of the longest; returns each one's first token's choice on the host, made
         among the tokens its ``allowed`` lets it choose when given. One program per prompt bucket and
-        power of two of requests (padding rows write nothing)."""
+        power of two of requests (padding rows write nothing). Requests that reuse stored prefixes
+        (:func:`reuse_program`) prefill only the tokens after them, padded into the bucket of the
+        longest such rest, beside the stored columns padded into the bucket of the longest prefix: one
+        program per pair of those buckets and power of two of requests."""
         self._check(requests)
-        size = self.bucket(max(len(request.ids) for request in requests))
+        reused = [request.reuse.count if request.reuse else 0 for request in requests]
+        size = self.bucket(max(len(r.ids) - n for r, n in zip(requests, reused)))
+        held = self.bucket(max(reused)) if requests[0].reuse else 0
+        if held + size > self.clock:
+            raise ValueError(
+                f"these prompts take {held + size} columns before the clock, which is at {self.clock}: "
+                "shift or restart the engine first"
+            )
         count = min(self.slots, bucket(len(requests), 1))
         padded = np.zeros((count, size), np.int32)
         mask = np.zeros((count, size), bool)
@@ -486,11 +695,9 @@ class SlotEngine:
             True  # a padding row's prompt is one token: every row's attention sees something
         )
         row = np.full((count,), self.slots, np.int32)  # padding rows: no row of the engine
-        for i, request in enumerate(requests):
-            padded[i, size - len(request.ids) :], mask[i, size - len(request.ids) :] = (
-                request.ids,
-                True,
-            )
+        for i, (request, n) in enumerate(zip(requests, reused)):
+            rest = request.ids[n:]
+            padded[i, size - len(rest) :], mask[i, size - len(rest) :] = rest, True
             row[i] = request.row
         per_row = [{**r.sampling.arrays(), "limit": np.int32(r.max_new)} for r in requests]
         per_row += [{**rows.Sampling().arrays(), "limit": np.int32(0)}] * (count - len(requests))
@@ -503,13 +710,82 @@ class SlotEngine:
                     bits[i] = request.allowed
             allowed = self._replicate(bits)
         args = self._replicate((padded, mask, row, settings))
-        static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
-        program = self.model.program("serve_admit", admit_program, donate=("state",))
-        self.state, chosen = program(
-            self.model.params, self.state, *args, self.eos, allowed, static=static
-        )
+        static = SlotStatic(_static(self.model, size, self.chunk), self._layout, held=held)
+        if held:
+            entry = np.full((count,), self.prefixes, np.int32)
+            entry[: len(requests)] = [request.reuse.entry for request in requests]
+            counts = np.zeros((count,), np.int32)
+            counts[: len(requests)] = reused
+            program = self.model.program("serve_reuse", reuse_program, donate=("state",))
+            self.state, chosen = program(
+                self.model.params, self.state, self.store, *self._replicate((entry, counts)),
+                *args, self.eos, allowed, static=static,
+            )  # fmt: skip
+        else:
+            program = self.model.program("serve_admit", admit_program, donate=("state",))
+            self.state, chosen = program(
+                self.model.params, self.state, *args, self.eos, allowed, static=static
+            )
+        for request, n in zip(requests, reused):
+            first = self.clock - held - size  # the stored columns', then the rest's
+            rest = len(request.ids) - n
+            columns = np.concatenate(
+                [first + np.arange(n), self.clock - rest + np.arange(rest)]
+            ).astype(np.int32)
+            self._prompts[request.row] = (list(request.ids), columns)
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
+
+    def keep(self, kept: Sequence[Kept]) -> None:
+        """Copy each :class:`Kept`'s prompt tokens from its row into its store entry (:func:`keep_program`,
+        one program per bucket of the most tokens kept, all compiled when the engine is made)."""
+        for one in kept:
+            if not 0 <= one.entry < self.prefixes:
+                raise ValueError(
+                    f"the prefix store has entries 0 to {self.prefixes - 1}, not {one.entry}"
+                    if self.prefixes
+                    else f"this engine keeps no prefixes{': ' + self.prefix_refusal if self.prefix_refusal else ''}"
+                )
+            if one.row not in self._prompts or not 0 < one.count <= min(
+                len(self._prompts[one.row][0]), self.prefix_length
+            ):
+                raise ValueError(
+                    f"keep {one.count} tokens of row {one.row}: it takes 1 to {self.prefix_length} "
+                    "tokens of a prompt admitted into that row"
+                )
+            where = self._prompts[one.row][1][: one.count]
+            if where.min() < 0 or where.max() >= self.length:
+                raise ValueError(
+                    f"row {one.row}'s prompt was moved out of its row: it cannot be kept"
+                )
+        if len({one.entry for one in kept}) != len(kept):
+            raise ValueError(f"keep writes each entry once, got {[one.entry for one in kept]}")
+        row, entry, columns = self._kept(self.bucket(max(one.count for one in kept)))
+        for i, one in enumerate(kept):
+            ids, where = self._prompts[one.row]
+            row[i], entry[i] = one.row, one.entry
+            columns[i, : one.count] = where[: one.count]
+            self._held[one.entry] = ids[: one.count]
+        self._keep(row, entry, columns)
+
+    def _kept(self, taken: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`keep_program`'s rows, entries and columns for ``taken`` tokens, one per entry of the
+        store (a keep writes each entry at most once), all padding: written nowhere."""
+        count = self.prefixes
+        return (
+            np.zeros((count,), np.int32),
+            np.full((count,), self.prefixes, np.int32),
+            np.zeros((count, taken), np.int32),
+        )
+
+    def _keep(self, row: np.ndarray, entry: np.ndarray, columns: np.ndarray) -> None:
+        program = self.model.program("serve_keep", keep_program, donate=("store",))
+        self.store = program(
+            self.state,
+            self.store,
+            *self._replicate((row, entry, columns)),
+            static=self._decode_static,
+        )
 
     def _check(self, requests: Sequence[Admission]) -> None:
         """Refuse what :meth:`admit` cannot do, before anything runs."""
@@ -520,6 +796,10 @@ class SlotEngine:
             raise ValueError(
                 f"admit takes distinct rows from 0 to {self.slots - 1}, one per request; got {taken}"
             )
+        if len({request.reuse is None for request in requests}) > 1:
+            raise ValueError(
+                "admit takes requests that all reuse a stored prefix or none that does, not both"
+            )
         for request in requests:
             if not request.ids:
                 raise ValueError(f"the prompt for row {request.row} is empty: give it a token")
@@ -529,6 +809,20 @@ class SlotEngine:
                 raise ValueError(
                     f"allowed for row {request.row} has shape {np.shape(request.allowed)}: it takes "
                     f"one bit per token, int32 [{(self.vocab + 31) // 32}]"
+                )
+            reuse = request.reuse
+            if reuse is None:
+                continue
+            held = self._held.get(reuse.entry, [])
+            if (
+                not 0 < reuse.count < len(request.ids)
+                or request.ids[: reuse.count] != held[: reuse.count]
+                or reuse.count > len(held)
+            ):
+                raise ValueError(
+                    f"row {request.row} reuses {reuse.count} tokens of prefix entry {reuse.entry}, "
+                    f"which holds {len(held)} tokens{'' if self.prefixes else ' (no prefix store)'}: "
+                    "reuse takes from 1 to all but the last token of a prompt, the entry's own first tokens"
                 )
 
     def score(self, ids: list[int]) -> Scored:
@@ -588,6 +882,7 @@ class SlotEngine:
             self.state, self._replicate(np.int32(delta)), static=self._decode_static
         )
         self.clock += delta
+        self._prompts = {row: (ids, where + delta) for row, (ids, where) in self._prompts.items()}
 
     def move(self, source: int, target: int) -> None:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
@@ -597,6 +892,8 @@ class SlotEngine:
             *self._replicate((np.int32(source), np.int32(target))),
             static=self._decode_static,
         )
+        if source in self._prompts:
+            self._prompts[target] = self._prompts.pop(source)
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
@@ -605,6 +902,7 @@ class SlotEngine:
             self.state, self._replicate(np.int32(clock)), static=self._decode_static
         )
         self.clock = clock
+        self._prompts = {}
 
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()
