@@ -77,7 +77,7 @@ class Served:
         self.log = open(tmp_path / "serve.log", "w+")
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", self.path,
                    "--port", str(self.port), "--max-batch", str(slots), "--max-queue", str(QUEUE),
-                   "--drain", "20"]  # fmt: skip
+                   "--drain", "20", "--prefix-cache", "4"]  # fmt: skip
         env = {**os.environ, "HFAX_CACHE": str(tmp_path / "hfax-cache")}  # not the user's cache
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()
@@ -793,7 +793,7 @@ def test_requests_sharing_a_prefix_reuse_it_and_answer_as_transformers(served):
     kept; a prompt beginning with the same 40 then prefills only its last 10, reading 32 from the store.
     Both get transformers' greedy tokens and log-softmax (1e-4); so does a prompt that is exactly a kept
     prefix (32 tokens, 31 of them reused: its last token is prefilled for its logits)."""
-    assert served.metrics()["hfax_prefix_store_entries"] == 4  # on by default
+    assert served.metrics()["hfax_prefix_store_entries"] == 4  # the fixture's --prefix-cache 4
     prefix = _prefixed(1, 40)
     before = _reused(served)
     for ids in (prefix + [10, 11, 12], prefix + [20, 21]):

@@ -49,10 +49,11 @@ def serve_command(
         30.0, "--drain", help="Seconds in-flight requests get to finish on shutdown."
     ),
     prefix_cache: int = typer.Option(
-        4,
+        0,
         "--prefix-cache",
         help="Prompt prefixes kept on the device for requests that begin with them to reuse "
-        "(entries of up to half a row each; 0 turns prefix caching off).",
+        "(entries of up to half a row each; 0, the default, keeps none). The first reuse of each "
+        "pair of prompt buckets compiles a prefill program while serving.",
     ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
