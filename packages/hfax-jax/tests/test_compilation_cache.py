@@ -217,7 +217,8 @@ def test_a_model_holding_code_without_a_source_file_is_not_kept_on_disk(tiny, ow
 
 
 def test_damaged_and_swapped_entries_are_traced_again_and_replaced(tiny, own_cache, caplog):
-    shapes = [[[1, 5, 9]], [[1, 5, 9, 2, 7]]]
+    # Two programs: the forward pads ids into buckets of 16 and 32 columns (hfax.forward_buckets).
+    shapes = [[[1, 5, 9]], [[1, 5, 9, 2, 7] * 4]]
 
     def run_fresh_model() -> list[str]:
         """Both shapes through a new model (new programs, read from disk); the warnings it logged."""
