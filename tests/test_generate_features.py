@@ -22,6 +22,7 @@ from hfax.testing import (
     assert_same_continuation,
     conformance,
     left_padded,
+    right_padded,
     save_tiny,
     tiny_config,
 )
@@ -234,11 +235,7 @@ def test_scores_and_logits_match_transformers(tiny):
 
 def test_encoder_decoder_greedy_and_beams(tiny):
     reference, model = tiny("bart")
-    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
-    ids, mask = (
-        ids[:, ::-1].copy(),
-        mask[:, ::-1].copy(),
-    )  # an encoder's input is padded on the right
+    ids, mask = source_batch()
     for options in (
         dict(max_new_tokens=10),
         dict(max_new_tokens=10, num_beams=3, num_return_sequences=2),
@@ -898,11 +895,7 @@ def test_an_encoder_decoders_embeddings_are_its_encoders_input(tiny, options):
     transformers: a padded batch of embeddings that are no token's gives transformers' tokens and
     scores, in the embeddings' array type."""
     reference, model = tiny("bart")
-    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
-    ids, mask = (
-        ids[:, ::-1].copy(),
-        mask[:, ::-1].copy(),
-    )  # an encoder's input is padded on the right
+    ids, mask = source_batch()
     torch.manual_seed(0)
     embeds = torch.rand((2, ids.shape[1], 32)) * 2 - 1
     options = dict(
@@ -984,8 +977,7 @@ def test_the_cache_a_call_returns_holds_transformers_keys_and_values(tiny, optio
 
 def source_batch():
     """Two source rows of different lengths, padded on the right as an encoder's input is."""
-    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
-    return ids[:, ::-1].copy(), mask[:, ::-1].copy()
+    return right_padded([[41, 9, 33, 17, 5], [7, 50, 12]])
 
 
 def assert_encoder_decoder_cache_equal(got, want, decoder_positions=None):
@@ -1167,11 +1159,7 @@ def test_an_encoder_decoders_layer_outputs_are_transformers(backend, tmp_path_fa
     model = hfax.AutoModelForSeq2SeqLM.from_pretrained(
         str(directory), backend=backend, attn_implementation="eager"
     )
-    ids, mask = left_padded([[5, 17, 33, 9, 41], [12, 50, 7]])
-    ids, mask = (
-        ids[:, ::-1].copy(),
-        mask[:, ::-1].copy(),
-    )  # an encoder's input is padded on the right
+    ids, mask = source_batch()
     options = dict(
         max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
         output_hidden_states=True, output_attentions=True, **options,

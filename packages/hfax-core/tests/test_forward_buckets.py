@@ -10,11 +10,20 @@ import pytest
 from hfax import forward_buckets
 
 
-def _module(encoder_decoder=False, generates=True, router_logits=False):
-    config = types.SimpleNamespace(
-        is_encoder_decoder=encoder_decoder, output_router_logits=router_logits
-    )
-    return types.SimpleNamespace(config=config, can_generate=lambda: generates)
+class _Module:
+    """What :func:`forward_buckets.pads` reads of a transformers model (kept per model by weak reference)."""
+
+    def __init__(self, encoder_decoder=False, generates=True, router_logits=False):
+        self.config = types.SimpleNamespace(
+            is_encoder_decoder=encoder_decoder, output_router_logits=router_logits
+        )
+        self.generates = generates
+
+    def can_generate(self):
+        return self.generates
+
+
+_module = _Module
 
 
 IDS = np.arange(15).reshape(3, 5)

@@ -23,6 +23,7 @@ Backend-neutral: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,19 @@ def pads(module: Any, inputs: dict[str, Any]) -> bool:
     mask = inputs.get("attention_mask")
     if mask is not None and tuple(np.shape(mask)) != ids.shape:
         return False
-    return not answered_traits(module).no_forward_padding
+    return _family_pads(module)
+
+
+#: Per model, whether its family lets its forward be padded (a model's traits do not change).
+_FAMILY_PADS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _family_pads(module: Any) -> bool:
+    """Whether no family says ``module``'s logits change when padded, asked of the plugins once per model
+    (the forward is a hot path)."""
+    if module not in _FAMILY_PADS:
+        _FAMILY_PADS[module] = not answered_traits(module).no_forward_padding
+    return _FAMILY_PADS[module]
 
 
 def padded(inputs: dict[str, Any]) -> tuple[dict[str, Any], Padding]:
