@@ -17,6 +17,12 @@ section of docs/PERFORMANCE.md (``benchmarks/decode.py`` keeps that section when
 
 The benchmark Llama has random weights and no tokenizer: it is served from a folder that links its files
 beside a word-level tokenizer of its 32000 tokens, and prompts are token ids for every model.
+
+Beside ``transformers serve``: ``--transformers-serve EXECUTABLE`` (the ``transformers`` command of an
+environment with ``transformers[serving]``) runs the same requests, as text, against ``hfax serve`` and
+then ``transformers serve --continuous-batching`` on the same folder and dtype, in the same run. That
+server takes no token-id prompts and reports no usage in streams, so these rows send each request's ids
+decoded to text and count a response's tokens by tokenizing its text, for both servers alike.
 """
 
 from __future__ import annotations
@@ -124,31 +130,39 @@ class Server:
         self.log.close()
 
 
-def one_request(client: Any, model: str, ids: list[int], max_tokens: int) -> dict[str, float]:
-    """One greedy streamed completion: when it was sent, its first and last tokens came, and its tokens."""
+def one_request(
+    client: Any, model: str, prompt: list[int] | str, max_tokens: int, count: Any = None
+) -> dict[str, float]:
+    """One greedy streamed completion: when it was sent, its first and last tokens came, and its tokens
+    (the server's usage, or ``count`` of its text)."""
     sent = time.perf_counter()
     first = last = None
     tokens = 0
-    stream = client.completions.create(model=model, prompt=ids, max_tokens=max_tokens, temperature=0,
-                                       stream=True, stream_options={"include_usage": True})  # fmt: skip
+    text = []
+    usage = {} if count else {"stream_options": {"include_usage": True}}
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                       temperature=0, stream=True, **usage)  # fmt: skip
     for chunk in stream:
         now = time.perf_counter()
         if chunk.choices and chunk.choices[0].text:
             first = first or now
             last = now
+            text.append(chunk.choices[0].text)
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
+    if count:
+        tokens = count("".join(text))
     return {"sent": sent, "first": first or last or sent, "last": last or sent, "tokens": tokens}
 
 
-def load(url: str, model: str, requests: list[tuple[list[int], int]], clients: int, timeout: float) -> dict[str, Any]:  # fmt: skip
+def load(url: str, model: str, requests: list[tuple[Any, int]], clients: int, timeout: float, count: Any = None) -> dict[str, Any]:  # fmt: skip
     """``requests`` sent by ``clients`` concurrent clients, each taking the next when its last ended."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda job: one_request(client, model, *job), requests))
+        results = list(pool.map(lambda job: one_request(client, model, *job, count), requests))
     elapsed = time.perf_counter() - started
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["first"] - r["sent"] for r in results]
@@ -164,6 +178,81 @@ def load(url: str, model: str, requests: list[tuple[list[int], int]], clients: i
         "itl_p50": float(np.percentile(itl, 50)),
         "itl_p99": float(np.percentile(itl, 99)),
     }
+
+
+class TransformersServer:
+    """``transformers serve --continuous-batching`` of one folder in a subprocess on 127.0.0.1."""
+
+    def __init__(self, executable: str, path: str, dtype: str, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.log = open(log, "w")
+        command = [executable, "serve", path, "--continuous-batching", "--dtype", dtype,
+                   "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.log.flush()
+                tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
+                raise RuntimeError(f"transformers serve exited {self.process.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5):
+                    return
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"transformers serve did not start in 10 minutes; see {log}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=120)
+        self.log.close()
+
+
+def text_workload(path: str, requests: list[tuple[list[int], int]]) -> tuple[list[tuple[str, int]], Any]:  # fmt: skip
+    """The requests with their ids decoded to text, and the function that counts a text's tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+    texts = []
+    for ids, n in requests:
+        # Decoded ids can tokenize into more tokens: cut until the text is no longer than the ids were.
+        text = tokenizer.decode(ids)
+        while count(text) > len(ids):
+            text = tokenizer.decode(
+                tokenizer(text, add_special_tokens=False).input_ids[: len(ids) - 1]
+            )
+        texts.append((text, n))
+    return texts, count
+
+
+def beside_transformers(
+    server: Server,
+    path: str,
+    requests: list[tuple[list[int], int]],
+    args: argparse.Namespace,
+    scratch: Path,  # fmt: skip
+) -> list[dict[str, Any]]:
+    """The requests as text through ``hfax serve`` (running) and then ``transformers serve
+    --continuous-batching``, per client count; the latter's first requests (loading, warm-up) untimed."""
+    texts, count = text_workload(path, requests)
+    rows = []
+    for clients in args.clients:
+        rows.append({"server": "hfax serve", **load(server.url, path, texts, clients, args.timeout, count)})  # fmt: skip
+        print(f"hfax serve, text prompts, {clients:>3} clients: {_line(rows[-1])}", flush=True)
+    server.stop()
+    theirs = TransformersServer(args.transformers_serve, path, args.dtype, scratch / "tserve.log")
+    try:
+        load(theirs.url, path, texts[:4], 4, args.timeout, count)
+        for clients in args.clients:
+            rows.append({"server": "transformers serve", **load(theirs.url, path, texts, clients, args.timeout, count)})  # fmt: skip
+            print(f"transformers serve, {clients:>3} clients: {_line(rows[-1])}", flush=True)
+    finally:
+        theirs.stop()
+    return rows
 
 
 def warm_up(url: str, model: str, slots: int, timeout: float) -> None:
@@ -279,8 +368,14 @@ def run_model(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, A
         print(
             f"{name}: {compiles - warmed:.0f} programs compiled during the timed runs", flush=True
         )
+        beside = (
+            beside_transformers(server, path, requests, args, scratch)
+            if args.transformers_serve
+            else []
+        )
     finally:
-        server.stop()
+        if server.process.poll() is None:
+            server.stop()
     baselines = [
         batched(path, args.dtype, requests, args.max_batch)
         if engine == "hfax-generate-batched"
@@ -290,7 +385,7 @@ def run_model(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, A
     for row in baselines:
         print(f"{name} {row['engine']}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
     return {"model": name, "load": rows, "baselines": baselines, "compiles": compiles,
-            "timed_compiles": compiles - warmed}  # fmt: skip
+            "timed_compiles": compiles - warmed, "beside_transformers": beside}  # fmt: skip
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -350,6 +445,34 @@ single client's p99.
 | model | engine | tok/s | × alone | TTFT p50 / p99 ms | ITL p50 / p99 ms | p99 ITL × 1 client |
 |---|---|---|---|---|---|---|
 {chr(10).join(lines)}
+{_beside_markdown(record)}"""
+
+
+def _beside_markdown(record: dict[str, Any]) -> str:
+    """The rows beside ``transformers serve``, when the run has them."""
+    lines = []
+    for result in record["results"]:
+        rows = result.get("beside_transformers") or []
+        theirs = {row["clients"]: row for row in rows if row["server"] == "transformers serve"}
+        for row in rows:
+            other = theirs.get(row["clients"])
+            ratio = row["tokens_per_s"] / other["tokens_per_s"] if other else None
+            lines.append(
+                f"| {result['model']} | {row['server']}, {row['clients']} clients | {row['tokens_per_s']:.1f} "
+                f"| {_ratio(ratio)} | {row['ttft_p50'] * 1e3:.0f} / {row['ttft_p99'] * 1e3:.0f} "
+                f"| {row['itl_p50'] * 1e3:.1f} / {row['itl_p99'] * 1e3:.1f} |"
+            )
+    if not lines:
+        return ""
+    return f"""
+Beside `transformers serve --continuous-batching` (same folder and dtype, the same requests as text:
+each request's ids decoded, a response's tokens counted by tokenizing its text, for both servers; the
+transformers server's first 4 requests untimed). *× transformers serve*: tok/s over its row at the same
+client count.
+
+| model | server | tok/s | × transformers serve | TTFT p50 / p99 ms | ITL p50 / p99 ms |
+|---|---|---|---|---|---|
+{chr(10).join(lines)}
 """
 
 
@@ -366,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=600, help="seconds one request may take")
     parser.add_argument("--baselines", default="hfax-generate,hfax-generate-batched,transformers")
+    parser.add_argument("--transformers-serve", default="", metavar="EXECUTABLE",
+                        help="also run the requests as text against transformers serve (its command)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch the Markdown page")
