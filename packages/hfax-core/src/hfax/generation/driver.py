@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hfax.generation import inputs as model_inputs
-from hfax.generation import layer_outputs, outputs, settings, tokens
+from hfax.generation import layer_outputs, loaded_cache, outputs, settings, tokens
 from hfax.generation.shapes import (
     MIN_LENGTH_BUCKET,
     STREAM_CHUNK,
@@ -66,6 +66,10 @@ class PaddedRequest:
     their sizes, token types laid out like ``ids`` and padded with them; ``position_ids`` where the model's
     positions are multimodal); ``offsets`` (``[rows]``, or ``None``) is then added to the position of every
     token after the prompt. Rows that only fill the bucket hold no image: one filler token.
+
+    ``resume`` is the caller's cache to load before the prefill, which then feeds only the tokens after
+    it (:mod:`hfax.generation.loaded_cache`; asked only of an engine with the ``"cache_input"``
+    feature), or ``None``.
     """
 
     ids: np.ndarray
@@ -76,18 +80,21 @@ class PaddedRequest:
     positions: bool  # whether the model takes position_ids (else its prompt keeps its own length)
     inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     offsets: np.ndarray | None = None
+    resume: loaded_cache.Resume | None = None
 
 
 class Engine(Protocol):
     """What a backend implements for ``generate``: run the model; the core does the rest."""
 
-    #: What the engine runs beyond greedy search and sampling: ``"beams"``, ``"encoder_decoder"``.
+    #: What the engine runs beyond greedy search and sampling: ``"beams"``, ``"encoder_decoder"``,
+    #: ``"cache_input"`` (``start`` loads a caller's cache: :attr:`PaddedRequest.resume`), ...
     features: frozenset[str]
     #: Rows are padded to a multiple of this (the mesh's batch axes).
     row_multiple: int
 
     def start(self, padded: PaddedRequest) -> Any:
-        """Prefill: run the prompt, choose the first token; returns the run's device state."""
+        """Prefill: run the prompt (after ``padded.resume``'s columns, loaded, when given), choose the first
+        token; returns the run's device state."""
 
     def advance(self, run: Any, limit: int) -> Any:
         """Decode until ``limit`` new tokens exist or every row finished."""
@@ -151,8 +158,13 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         attentions=bool(config.return_dict_in_generate and config.output_attentions),
         host_choice=request.host is not None,
     )
+    resume = None
+    if request.held is not None:
+        resume = loaded_cache.placed(
+            request.held, request.cached, request.ids.shape[1], ids.shape[1], ids.shape[0]
+        )
     return PaddedRequest(
-        ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
+        ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets, resume
     )
 
 
@@ -259,7 +271,7 @@ def _run(
         chunk = 1
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
-    if request.cache is not None:
+    if request.cache is not None and request.held is None:  # computed again, not loaded
         _check_callers_cache(engine, run, request, prompt)
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
     done = ends.copy()  # where transformers counts each row done: the call ends once every row is
