@@ -113,12 +113,23 @@ class Engine(Protocol):
         (bool ``[rows]``) as given: the host chose them (:mod:`hfax.generation.host_choice`). Asked only
         of an engine with the ``"host_choice"`` feature."""
 
-    def cache(self, run: Any, rows: int, start: int, end: int, source: int | None = None) -> Any:
+    def cache(
+        self,
+        run: Any,
+        rows: int,
+        start: int,
+        end: int,
+        source: int | None = None,
+        whole: bool = False,
+    ) -> Any:
         """The run's cache as transformers returns it from ``generate``, on the CPU: a ``DynamicCache`` of
         slots ``[start, end)`` of the first ``rows`` rows; an encoder-decoder's an ``EncoderDecoderCache``
         of those self-attention slots and the cross-attention over the encoder's first ``source``
-        positions (all with ``None``); ``None`` where the model's cache holds other states. Asked only of
-        an engine with the ``"cache_output"`` feature."""
+        positions (all with ``None``); ``None`` where the model's cache holds other states. Its sliding
+        layers keep what transformers' dynamic ones keep, or with ``whole`` every slot (a ``DynamicCache``
+        without the config, from which :func:`hfax.generation.outputs.requested_cache` makes a
+        ``StaticCache`` whose sliding layers keep their whole window). Asked only of an engine with the
+        ``"cache_output"`` feature."""
 
 
 def pad_request(model: Any, request: settings.Request, engine: Engine) -> PaddedRequest:
@@ -233,7 +244,12 @@ def generate(
             prompt = padded.decoding.prompt
             start = prompt - request.ids.shape[1]
             cache = engine.cache(
-                run, request.rows, start, prompt + steps - 1, _source_length(request)
+                run,
+                request.rows,
+                start,
+                prompt + steps - 1,
+                _source_length(request),
+                whole=outputs.static_cache_asked(config),
             )
             embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
             extras["past_key_values"] = outputs.requested_cache(

@@ -698,9 +698,18 @@ class JaxEngine:
         run.state = {**run.state, "tokens": {**chosen, "ids": ids, "finished": finished}}
         return run
 
-    def cache(self, run: Run, rows: int, start: int, end: int, source: int | None = None) -> Any:
+    def cache(
+        self,
+        run: Run,
+        rows: int,
+        start: int,
+        end: int,
+        source: int | None = None,
+        whole: bool = False,
+    ) -> Any:
         """The attention layers' keys and values in slots ``[start, end)`` as a transformers
-        ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep), on the
+        ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep; every
+        slot with ``whole``), on the
         CPU in the weights' dtype; an encoder-decoder's as an ``EncoderDecoderCache`` whose cross-attention
         part holds the encoder's first ``source`` positions (all with ``None``); ``None`` for a layer with
         other states."""
@@ -725,7 +734,7 @@ class JaxEngine:
             cache = DynamicCache(config=self.model.config)
             # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
             # own generate fails there): a cache that adds them as they come.
-            if len(cache.layers) < len(layers):
+            if whole or len(cache.layers) < len(layers):
                 cache = DynamicCache()
             for index, layer in enumerate(layers):
                 keys = host(layer["keys"], window, in_place)
