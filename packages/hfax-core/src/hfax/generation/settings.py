@@ -572,7 +572,7 @@ def _cached_length(
     an error before anything compiles: the cache has the prompt's rows and leaves at least one token to
     feed, as transformers requires (a prompt of ``embedded`` embeddings too: the prefill computes the
     cached positions again from them); the engine can hand caches back (``"cache_output"``), which the check
-    of its contents needs.
+    of its contents needs where it does not load them (:mod:`hfax.generation.loaded_cache`).
 
     An encoder-decoder's prompt is ``decoder_input_ids``. transformers reads them as the cached tokens and
     new ones only when ``decoder_attention_mask`` covers them (``decoder_mask``); without it, as the tokens
