@@ -1251,8 +1251,9 @@ LOADED_CASES = {
 def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case):
     """A left-padded batch's continuation from an earlier result's cache (hfax's, and transformers' own)
     is transformers' continuation from that cache: tokens equal, scores within 1e-4, the cache handed in
-    unchanged. Gemma 3's sliding layers (window 4) keep 3 of the 11 cached tokens, as transformers'
-    dynamic and static sliding layers do; beam search repeats the cache's rows with the prompt's (as
+    unchanged. hfax's result cache is transformers' (layer classes, counts, keys and values at real
+    positions). Gemma 3's sliding layers (window 4) keep the last 3 (dynamic) or 4 (static) of the 10
+    cached tokens, as transformers' do; beam search repeats the cache's rows with the prompt's (as
     transformers does when the caller repeats them). On JAX the keys and values are loaded and only the
     tokens after them prefilled, in a program of their own; a layer cut short of the tokens the new ones
     attend to is refused before anything compiles."""
@@ -1263,6 +1264,7 @@ def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case)
     ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 4], [1, 4, 8]])
     beams = options.get("num_beams", 1)
     first = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True, eos_token_id=-1)
+    first["output_scores"] = beams == 1  # the continuation's settings: one decode program for both
     first.update({key: value for key, value in options.items() if key != "num_beams"})
     theirs = transformers_generate(reference, ids, mask, **first)
     mine = model.generate(ids, attention_mask=mask, **first)
@@ -1295,7 +1297,6 @@ def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case)
     want = transformers_generate(reference, sequences, longer, past_key_values=given, **then)
     for cache in (mine.past_key_values, copy.deepcopy(theirs.past_key_values)):
         kept = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-        compiles = hfax.backends.jax.monitor.snapshot().compiles if backend == "jax" else 0
         got = model.generate(sequences, attention_mask=longer, past_key_values=cache, **then)
         if beams > 1:
             np.testing.assert_array_equal(as_numpy(got), want.numpy())
@@ -1309,11 +1310,8 @@ def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case)
             )
         for (keys, values), layer in zip(kept, cache.layers, strict=True):
             assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
-        if backend == "jax" and cache is mine.past_key_values:  # the prefill after the cache alone
-            assert (
-                model.last_generate_stats.compiles
-                == hfax.backends.jax.monitor.snapshot().compiles - compiles
-            )
+        if backend == "jax" and beams == 1:  # the decode loop is a cache-free call's: no new one
+            assert model.last_generate_stats.compiles <= 1
     if backend != "jax" or name != "gemma3" or options:
         return
     cut = copy.deepcopy(mine.past_key_values)
