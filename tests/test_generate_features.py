@@ -1180,11 +1180,13 @@ def test_an_encoder_decoders_layer_outputs_are_transformers(backend, tmp_path_fa
     assert_layer_outputs_equal(got, want, np.ones((2, 1), np.int64), decoder)
 
 
-def test_a_callers_cache_continues_as_in_transformers(tiny):
+def test_a_callers_cache_continues_as_in_transformers(tiny, backend):
     """An earlier result's ``past_key_values`` (hfax's, or transformers' own ``DynamicCache``) with its
-    sequences continues as transformers continues it. hfax's prefill computes the cached tokens again from
-    the ids and checks they are the cache's: a cache of other tokens is refused once the prefill shows it;
-    one with other rows, nothing left to feed, or of another type before anything compiles."""
+    sequences continues as transformers continues it. On JAX the cache is loaded, so ids whose cached
+    tokens differ from the cache's continue as transformers continues them (it reads the cache); on
+    torch_xla the prefill computes the cached tokens again from the ids and checks they are the cache's,
+    refusing such a cache once the prefill shows it. One with other rows, nothing left to feed, or of
+    another type is refused before anything compiles."""
     import copy
 
     reference, model = tiny("llama")
@@ -1220,6 +1222,13 @@ def test_a_callers_cache_continues_as_in_transformers(tiny):
     other = sequences.copy()
     other[:, -3] = (other[:, -3] + 1) % 128  # a cached token changed
     for cache in (mine.past_key_values, mine_static.past_key_values):
+        if backend == "jax":  # loaded: read as transformers reads it, whatever the cached ids say
+            got = model.generate(other, attention_mask=longer, past_key_values=cache, **then)
+            want = transformers_generate(
+                reference, other, longer, past_key_values=copy.deepcopy(cache), **then
+            )
+            np.testing.assert_array_equal(as_numpy(got), want.numpy())
+            continue
         with pytest.raises(ValueError, match="does not hold input_ids' first 9 tokens"):
             model.generate(other, attention_mask=longer, past_key_values=cache, **then)
     with pytest.raises(ValueError, match="rows"):
@@ -1228,6 +1237,93 @@ def test_a_callers_cache_continues_as_in_transformers(tiny):
         model.generate(sequences[:, :9], past_key_values=mine.past_key_values, **then)
     with pytest.raises(NotImplementedError, match="Cache"):
         model.generate(sequences, past_key_values=((torch.zeros(1),),), **then)
+
+
+LOADED_CASES = {
+    "llama": ("llama", {}),
+    "gemma3-sliding": ("gemma3", {}),
+    "gemma3-static": ("gemma3", dict(cache_implementation="static", max_cache_len=24)),
+    "llama-beams": ("llama", dict(num_beams=2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOADED_CASES))
+def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case):
+    """A left-padded batch's continuation from an earlier result's cache (hfax's, and transformers' own)
+    is transformers' continuation from that cache: tokens equal, scores within 1e-4, the cache handed in
+    unchanged. hfax's result cache is transformers' (layer classes, counts, keys and values at real
+    positions). Gemma 3's sliding layers (window 4) keep the last 3 (dynamic) or 4 (static) of the 10
+    cached tokens, as transformers' do; beam search repeats the cache's rows with the prompt's (as
+    transformers does when the caller repeats them). On JAX the keys and values are loaded and only the
+    tokens after them prefilled, in a program of their own; a layer cut short of the tokens the new ones
+    attend to is refused before anything compiles."""
+    import copy
+
+    name, options = LOADED_CASES[case]
+    reference, model = tiny(name)
+    ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 4], [1, 4, 8]])
+    beams = options.get("num_beams", 1)
+    first = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True, eos_token_id=-1)
+    first["output_scores"] = beams == 1  # the continuation's settings: one decode program for both
+    first.update({key: value for key, value in options.items() if key != "num_beams"})
+    theirs = transformers_generate(reference, ids, mask, **first)
+    mine = model.generate(ids, attention_mask=mask, **first)
+    sequences = as_numpy(mine.sequences)
+    np.testing.assert_array_equal(sequences, theirs.sequences.numpy())
+    cached = np.concatenate([mask, np.ones((2, 3), mask.dtype)], axis=1).astype(bool)
+    for ours, their in zip(mine.past_key_values.layers, theirs.past_key_values.layers, strict=True):
+        # the 10 tokens fed, a sliding layer its last ones; padding positions attend nothing
+        assert type(ours) is type(their)
+        assert int(ours.get_seq_length()) == int(their.get_seq_length()) == 10
+        slots = their.keys.shape[2]  # a static layer's first 10, the rest empty; else the last ones
+        real = (
+            np.pad(cached, ((0, 0), (0, slots - 10)), constant_values=True)
+            if slots > 10
+            else cached[:, 10 - slots :]
+        )
+        for name in ("keys", "values"):
+            np.testing.assert_allclose(
+                getattr(ours, name).numpy().transpose(0, 2, 1, 3)[real],
+                getattr(their, name).numpy().transpose(0, 2, 1, 3)[real],
+                atol=1e-5,
+            )
+    longer = np.concatenate([mask, np.ones((2, 4), mask.dtype)], axis=1)
+    then = dict(max_new_tokens=4, do_sample=False, eos_token_id=-1, num_beams=beams)
+    if beams == 1:
+        then.update(return_dict_in_generate=True, output_scores=True)
+    given = copy.deepcopy(theirs.past_key_values)
+    if beams > 1:
+        given.batch_repeat_interleave(beams)
+    want = transformers_generate(reference, sequences, longer, past_key_values=given, **then)
+    for cache in (mine.past_key_values, copy.deepcopy(theirs.past_key_values)):
+        kept = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        got = model.generate(sequences, attention_mask=longer, past_key_values=cache, **then)
+        if beams > 1:
+            np.testing.assert_array_equal(as_numpy(got), want.numpy())
+        else:
+            np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+            np.testing.assert_allclose(
+                np.stack([as_numpy(s) for s in got.scores]),
+                torch.stack(want.scores).numpy(),
+                atol=1e-4,
+                rtol=0,
+            )
+        for (keys, values), layer in zip(kept, cache.layers, strict=True):
+            assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
+        if backend == "jax" and beams == 1:  # the decode loop is a cache-free call's: no new one
+            assert model.last_generate_stats.compiles <= 1
+    if backend != "jax" or name != "gemma3" or options:
+        return
+    cut = copy.deepcopy(mine.past_key_values)
+    assert cut.layers[0].keys.shape[2] == 3  # a sliding layer: its window's last 3 tokens
+    cut.layers[0].keys, cut.layers[0].values = (
+        cut.layers[0].keys[:, :, 1:],
+        cut.layers[0].values[:, :, 1:],
+    )
+    compiles = hfax.backends.jax.monitor.snapshot().compiles
+    with pytest.raises(ValueError, match="layer 0 holds 2 tokens where its cache holds 10"):
+        model.generate(sequences, attention_mask=longer, past_key_values=cut, **then)
+    assert hfax.backends.jax.monitor.snapshot().compiles == compiles
 
 
 def test_a_callers_cache_continues_a_prompt_of_embeddings_as_in_transformers(tiny):

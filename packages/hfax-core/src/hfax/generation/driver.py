@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hfax.generation import inputs as model_inputs
-from hfax.generation import layer_outputs, outputs, settings, tokens
+from hfax.generation import layer_outputs, loaded_cache, outputs, settings, tokens
 from hfax.generation.shapes import (
     MIN_LENGTH_BUCKET,
     STREAM_CHUNK,
@@ -66,6 +66,10 @@ class PaddedRequest:
     their sizes, token types laid out like ``ids`` and padded with them; ``position_ids`` where the model's
     positions are multimodal); ``offsets`` (``[rows]``, or ``None``) is then added to the position of every
     token after the prompt. Rows that only fill the bucket hold no image: one filler token.
+
+    ``resume`` is the caller's cache to load before the prefill, which then feeds only the tokens after
+    it (:mod:`hfax.generation.loaded_cache`; asked only of an engine with the ``"cache_input"``
+    feature), or ``None``.
     """
 
     ids: np.ndarray
@@ -76,18 +80,21 @@ class PaddedRequest:
     positions: bool  # whether the model takes position_ids (else its prompt keeps its own length)
     inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     offsets: np.ndarray | None = None
+    resume: loaded_cache.Resume | None = None
 
 
 class Engine(Protocol):
     """What a backend implements for ``generate``: run the model; the core does the rest."""
 
-    #: What the engine runs beyond greedy search and sampling: ``"beams"``, ``"encoder_decoder"``.
+    #: What the engine runs beyond greedy search and sampling: ``"beams"``, ``"encoder_decoder"``,
+    #: ``"cache_input"`` (``start`` loads a caller's cache: :attr:`PaddedRequest.resume`), ...
     features: frozenset[str]
     #: Rows are padded to a multiple of this (the mesh's batch axes).
     row_multiple: int
 
     def start(self, padded: PaddedRequest) -> Any:
-        """Prefill: run the prompt, choose the first token; returns the run's device state."""
+        """Prefill: run the prompt (after ``padded.resume``'s columns, loaded, when given), choose the first
+        token; returns the run's device state."""
 
     def advance(self, run: Any, limit: int) -> Any:
         """Decode until ``limit`` new tokens exist or every row finished."""
@@ -106,12 +113,23 @@ class Engine(Protocol):
         (bool ``[rows]``) as given: the host chose them (:mod:`hfax.generation.host_choice`). Asked only
         of an engine with the ``"host_choice"`` feature."""
 
-    def cache(self, run: Any, rows: int, start: int, end: int, source: int | None = None) -> Any:
+    def cache(
+        self,
+        run: Any,
+        rows: int,
+        start: int,
+        end: int,
+        source: int | None = None,
+        whole: bool = False,
+    ) -> Any:
         """The run's cache as transformers returns it from ``generate``, on the CPU: a ``DynamicCache`` of
         slots ``[start, end)`` of the first ``rows`` rows; an encoder-decoder's an ``EncoderDecoderCache``
         of those self-attention slots and the cross-attention over the encoder's first ``source``
-        positions (all with ``None``); ``None`` where the model's cache holds other states. Asked only of
-        an engine with the ``"cache_output"`` feature."""
+        positions (all with ``None``); ``None`` where the model's cache holds other states. Its sliding
+        layers keep what transformers' dynamic ones keep, or with ``whole`` every slot (a ``DynamicCache``
+        without the config, from which :func:`hfax.generation.outputs.requested_cache` makes a
+        ``StaticCache`` whose sliding layers keep their whole window). Asked only of an engine with the
+        ``"cache_output"`` feature."""
 
 
 def pad_request(model: Any, request: settings.Request, engine: Engine) -> PaddedRequest:
@@ -151,8 +169,13 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         attentions=bool(config.return_dict_in_generate and config.output_attentions),
         host_choice=request.host is not None,
     )
+    resume = None
+    if request.held is not None:
+        resume = loaded_cache.placed(
+            request.held, request.cached, request.ids.shape[1], ids.shape[1], ids.shape[0]
+        )
     return PaddedRequest(
-        ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets
+        ids, mask, source, decoding, tokens.host_arrays(request), positions, inputs, offsets, resume
     )
 
 
@@ -221,7 +244,12 @@ def generate(
             prompt = padded.decoding.prompt
             start = prompt - request.ids.shape[1]
             cache = engine.cache(
-                run, request.rows, start, prompt + steps - 1, _source_length(request)
+                run,
+                request.rows,
+                start,
+                prompt + steps - 1,
+                _source_length(request),
+                whole=outputs.static_cache_asked(config),
             )
             embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
             extras["past_key_values"] = outputs.requested_cache(
@@ -259,7 +287,7 @@ def _run(
         chunk = 1
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
-    if request.cache is not None:
+    if request.cache is not None and request.held is None:  # computed again, not loaded
         _check_callers_cache(engine, run, request, prompt)
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
     done = ends.copy()  # where transformers counts each row done: the call ends once every row is

@@ -37,10 +37,19 @@ def convert(array: np.ndarray | None, kind: str, like: Any = None) -> Any:
     return array
 
 
+def static_cache_asked(config: Any) -> bool:
+    """Whether the call's ``cache_implementation`` is a static one (``"static"``, Gemma 3's ``"hybrid"``,
+    ...), for which transformers' ``generate`` hands back a ``StaticCache``."""
+    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
+
+    return config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS
+
+
 def requested_cache(module: Any, config: Any, cache: Any, embedded: int = 0) -> Any:
     """The engine's ``cache`` (a ``DynamicCache``, or an ``EncoderDecoderCache`` of two) in the class
-    transformers' ``generate`` would hand back: where the call's ``cache_implementation`` is a static one
-    (``"static"``, Gemma 3's ``"hybrid"``, ...), a ``StaticCache`` for the model's text config, as long as
+    transformers' ``generate`` would hand back: where the call asks for a static one
+    (:func:`static_cache_asked`; the engine's then holds every slot of every layer), a ``StaticCache`` for
+    the model's text config (its sliding layers keep their window's last tokens), as long as
     transformers makes it (every token fed: ``max_length - 1``, plus the ``embedded`` prompt positions
     that ``max_length`` does not count; or ``max_cache_len``, or the longest of the module's earlier static
     calls, if longer; the cross-attention's as long as the encoder's output), holding the same keys and
@@ -49,9 +58,8 @@ def requested_cache(module: Any, config: Any, cache: Any, embedded: int = 0) -> 
         return None
     import torch
     from transformers.cache_utils import EncoderDecoderCache, StaticCache
-    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
-    if config.cache_implementation not in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+    if not static_cache_asked(config):
         return cache
     text = module.config.get_text_config(decoder=True)
     offloading = "offloaded" in config.cache_implementation

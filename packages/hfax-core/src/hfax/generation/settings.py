@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hfax.generation import host_choice, processors
+from hfax.generation import host_choice, loaded_cache, processors
 from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import as_ids
 from hfax.generation.traits import GenerationTraits, Outcome, generation_traits
@@ -74,8 +74,10 @@ class Request:
     (``None`` without ``return_dict_in_generate``) into the model's own result where its ``generate``
     differs (its family's :attr:`~hfax.generation.traits.GenerationTraits.result`). ``cache`` is the caller's transformers
     ``Cache`` of the prompt's first ``cached`` tokens (an earlier result's ``past_key_values``; an
-    encoder-decoder's ``EncoderDecoderCache`` of its decoder prompt's): the prefill computes those tokens
-    again from the ids and the driver checks they are the cache's.
+    encoder-decoder's ``EncoderDecoderCache`` of its decoder prompt's). ``held`` are its layers' keys and
+    values, read on the host and expanded with the rows, where the engine loads them
+    (:mod:`hfax.generation.loaded_cache`); else (``None``) the prefill computes those tokens again from
+    the ids and the driver checks they are the cache's.
     ``host`` chooses the tokens on the host when a processor has no compiled twin (``steps`` is then
     empty: :mod:`hfax.generation.host_choice`).
     """
@@ -103,6 +105,7 @@ class Request:
     finish: Any = None
     cache: Any = None
     cached: int = 0
+    held: tuple[loaded_cache.HeldLayer, ...] | None = None
     host: host_choice.HostChoice | None = None
 
     @property
@@ -395,7 +398,18 @@ def prepare(
     width = 0 if embedded and not encoder_decoder else ids.shape[1]  # a decoder prompt of its own
     decoder_mask = encoder_decoder and leftovers.get("decoder_attention_mask") is not None
     cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
-    _check_cached_media(module, ids[:, :cached], extra)
+    held = None
+    if cached:
+        asked = bool(config.return_dict_in_generate) and any(
+            getattr(config, name, False) for name in LAYER_OUTPUTS
+        )
+        why = loaded_cache.why_not_loaded(
+            module, cache, extra, ids.shape, embeds is not None, asked
+        )
+        if "cache_input" in features and not why:
+            held = loaded_cache.held_layers(module, cache, cached)
+        else:
+            _check_cached_media(module, ids[:, :cached], extra, why or "this backend loads none")
     if "position_ids" in extra:
         _check_given_positions(module, extra["position_ids"], ids, encoder_decoder)
     if traits.result is not None:
@@ -464,6 +478,8 @@ def prepare(
         elif extra:
             extra = model_inputs.expand(extra, batch, expand)
         ids, mask = np.repeat(ids, expand, axis=0), np.repeat(mask, expand, axis=0)
+        if held is not None:
+            held = loaded_cache.expanded(held, expand)
     return Request(
         ids=ids,
         mask=mask,
@@ -490,6 +506,7 @@ def prepare(
         finish=finish,
         cache=cache if cached else None,
         cached=cached,
+        held=held,
         host=host,
     )
 
@@ -555,7 +572,7 @@ def _cached_length(
     an error before anything compiles: the cache has the prompt's rows and leaves at least one token to
     feed, as transformers requires (a prompt of ``embedded`` embeddings too: the prefill computes the
     cached positions again from them); the engine can hand caches back (``"cache_output"``), which the check
-    of its contents needs.
+    of its contents needs where it does not load them (:mod:`hfax.generation.loaded_cache`).
 
     An encoder-decoder's prompt is ``decoder_input_ids``. transformers reads them as the cached tokens and
     new ones only when ``decoder_attention_mask`` covers them (``decoder_mask``); without it, as the tokens
@@ -596,11 +613,14 @@ def _cached_length(
 MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id")
 
 
-def _check_cached_media(module: Any, cached: np.ndarray, extra: dict[str, np.ndarray]) -> None:
-    """A caller's cache over media placeholders (``cached``: the ids it holds) needs the media again:
-    hfax's prefill computes the cached tokens from the ids and the images (or clips) on device rather than
-    loading the cache's keys and values into its own cache, while transformers reads the cache and is
-    called without them. Refused before anything compiles, naming the inputs to pass."""
+def _check_cached_media(
+    module: Any, cached: np.ndarray, extra: dict[str, np.ndarray], why: str
+) -> None:
+    """A caller's cache over media placeholders (``cached``: the ids it holds) that the engine does not
+    load (``why``: :func:`hfax.generation.loaded_cache.why_not_loaded`) needs the media again: the
+    prefill then computes the cached tokens from the ids and the images (or clips), while transformers
+    reads the cache and is called without them. Refused before anything compiles, naming the inputs to
+    pass."""
     if not cached.size:
         return
     config = module.config
@@ -613,8 +633,8 @@ def _check_cached_media(module: Any, cached: np.ndarray, extra: dict[str, np.nda
     if held and not media:
         raise NotImplementedError(
             f"past_key_values holds tokens of {held[0]} {getattr(config, held[0])}, and hfax's generate "
-            "computes a caller's cached tokens again from the ids and media rather than reading the "
-            "cache's keys and values: pass the same pixel_values (or the model's other media inputs) "
+            f"does not load this cache into its own ({why}): it computes the cached tokens again from "
+            "the ids and media, so pass the same pixel_values (or the model's other media inputs) "
             "the cache was made with"
         )
 

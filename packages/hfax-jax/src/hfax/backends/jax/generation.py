@@ -101,12 +101,15 @@ class Forward:
         masked: bool = True,
         at: Any = None,
         every: bool = False,
+        token_types: Any = None,
     ) -> tuple[Any, Any, dict[str, Any]]:
         """A decoder-only forward over ``window`` into the cache holding ``states`` (``None``: a cache of
         the window's length, new). A prefill passes ``inputs`` (the model's other inputs, images included)
         and ``static.constants`` go with them; a recurrent model decoding needs no mask (not ``masked``). A
         model without a cache reads all of the window's ids and gives the logits at position ``at``; the
-        others give the last position's, or with ``every`` every position's (``[batch, window, vocab]``)."""
+        others give the last position's, or with ``every`` every position's (``[batch, window, vocab]``).
+        ``token_types`` are the whole prompt's, for its image blocks, where the window is the part after a
+        loaded cache (else ``inputs``' own)."""
         static = self.static
         constants = inputs is not None and bool(static.constants)
         if constants:
@@ -120,7 +123,8 @@ class Forward:
             tstates, tinputs = to_tensor((states, inputs))
             blocks = None
             if static.blocks and tinputs is not None:
-                blocks = masks.block_ids(self.model.module)(tinputs["token_type_ids"])
+                types = tinputs["token_type_ids"] if token_types is None else to_tensor(token_types)
+                blocks = masks.block_ids(self.model.module)(types)
             tmask = self._mask(twindow, blocks) if masked else None
             cache = None
             if static.cache_argument:
@@ -385,6 +389,60 @@ def prefill(
     return state
 
 
+def resume(
+    model: Any,
+    static: Static,
+    held: tuple[int, ...],
+    start: int,
+    params: Any,
+    ids: jax.Array,
+    prompt_mask: jax.Array,
+    loaded: list[dict[str, jax.Array]],
+    arrays: Any,
+    inputs: Any = None,
+) -> dict[str, Any]:
+    """:func:`prefill` after a caller's cache (:class:`hfax.generation.loaded_cache.Resume`): ``loaded``
+    holds every layer's keys and values from the prompt column ``held[layer]`` on; they go into the cache's
+    slots there (the others empty: what precedes a sliding layer's window, and hfax's padding), and only the
+    prompt's columns from ``start`` on run through the model, at their own positions, against them.
+    ``inputs`` are laid out like ``ids`` (token types): the tokens fed get theirs, the image blocks come
+    from all of them. The state has :func:`prefill`'s structure and placement, so the decode program is
+    the one a call without a cache runs."""
+    batch, length = ids.shape
+    capacity = static.decoding.capacity
+    layout = _layout(model, static, batch, steps=0)
+    dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
+    dtype = model.dtype if dtype is None else getattr(jnp, str(dtype).removeprefix("torch."))
+
+    def slots(value: jax.Array, first: int) -> jax.Array:
+        value = jnp.pad(
+            value, [(0, 0), (0, 0), (first, length + capacity - first - value.shape[2]), (0, 0)]
+        )
+        return value.astype(dtype)
+
+    states = []
+    for layer, first in zip(loaded, held):
+        keys = slots(layer["keys"], first)
+        keys = jnp.swapaxes(keys, 2, 3) if layout.in_place_cache else keys
+        states.append({"keys": keys, "values": slots(layer["values"], first)})
+    if model.mesh is not None:
+        states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
+    positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
+    valid = jnp.concatenate([prompt_mask, jnp.ones((batch, capacity), bool)], axis=1)
+    window = Window(ids[:, start:], positions[:, start:], valid, jnp.arange(start, length), start)
+    inputs = dict(inputs or {})
+    fed = {name: value[:, start:] for name, value in inputs.items()}
+    forward = Forward(model, static, layout, params)
+    logits, states, _ = forward.decoder(
+        window, states, inputs=fed, token_types=inputs.get("token_type_ids")
+    )
+    decoding = static.decoding
+    chosen = _on_torch(
+        lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
+    )
+    return {"tokens": chosen, "states": states, "valid": valid}
+
+
 def decode(
     model: Any,
     static: Static,
@@ -472,6 +530,20 @@ def prefill_program(
     return prefill(model, static, params, ids, prompt_mask, arrays, source, inputs)
 
 
+def resume_program(
+    model: Any,
+    params: Any,
+    ids: Any,
+    prompt_mask: Any,
+    loaded: Any,
+    arrays: Any,
+    inputs: Any,
+    static: tuple[Static, tuple[int, ...], int],
+) -> Any:
+    settled, held, start = static
+    return resume(model, settled, held, start, params, ids, prompt_mask, loaded, arrays, inputs)
+
+
 def decode_program(
     model: Any, params: Any, state: Any, limit: Any, arrays: Any, static: Static
 ) -> Any:
@@ -502,7 +574,7 @@ class JaxEngine:
     """:class:`hfax.generation.driver.Engine` for a :class:`~hfax.backends.jax.model.JaxModel`."""
 
     features = frozenset(
-        {"beams", "encoder_decoder", "layer_outputs", "cache_output", "host_choice"}
+        {"beams", "encoder_decoder", "layer_outputs", "cache_output", "cache_input", "host_choice"}
     )
 
     def __init__(self, model: Any) -> None:
@@ -516,10 +588,53 @@ class JaxEngine:
             static.decoding, bool(static.cache_argument) and static.appended is None
         )
         ids, prompt_mask, source, arrays = self.inputs(padded)
-        program = model.program("prefill", prefill_program)
         inputs = self.model_inputs(padded, static)
+        if padded.resume is not None:
+            return Run(
+                static,
+                arrays,
+                self._resume(padded.resume, static, ids, prompt_mask, arrays, inputs),
+            )
+        program = model.program("prefill", prefill_program)
         state = program(model.params, ids, prompt_mask, source, arrays, inputs, static=static)
         return Run(static, arrays, state)
+
+    def _resume(
+        self,
+        resume: Any,
+        static: Static,
+        ids: Any,
+        prompt_mask: Any,
+        arrays: Any,
+        inputs: Any,
+    ) -> Any:
+        """The prefill after the caller's cache, loaded (:func:`resume`): its own program, one per bucket
+        and first column fed; a call without a cache runs none of it."""
+        if not static.cache_argument or static.appended is not None:
+            raise NotImplementedError(
+                f"{type(self.model.module).__name__} decodes without a cache here, so hfax's generate "
+                "cannot continue from a caller's: call it without past_key_values, with the whole sequence"
+            )
+        if len(resume.layers) != len(static.layer_types or ()):
+            raise NotImplementedError(
+                f"hfax's JAX cache has {len(static.layer_types or ())} layers for this model and "
+                f"past_key_values {len(resume.layers)}: pass a cache this model made"
+            )
+        loaded = mesh.shard_batch(
+            [{"keys": layer.keys, "values": layer.values} for layer in resume.layers],
+            self.model.mesh,
+        )
+        held = tuple(layer.first for layer in resume.layers)
+        program = self.model.program("resume", resume_program)
+        return program(
+            self.model.params,
+            ids,
+            prompt_mask,
+            loaded,
+            arrays,
+            inputs,
+            static=(static, held, resume.start),
+        )
 
     def inputs(self, padded: driver.PaddedRequest) -> tuple[Any, Any, Any, Any]:
         """The prefill's ``(ids, prompt_mask, source, arrays)`` as device arrays: rows split over the
@@ -583,9 +698,18 @@ class JaxEngine:
         run.state = {**run.state, "tokens": {**chosen, "ids": ids, "finished": finished}}
         return run
 
-    def cache(self, run: Run, rows: int, start: int, end: int, source: int | None = None) -> Any:
+    def cache(
+        self,
+        run: Run,
+        rows: int,
+        start: int,
+        end: int,
+        source: int | None = None,
+        whole: bool = False,
+    ) -> Any:
         """The attention layers' keys and values in slots ``[start, end)`` as a transformers
-        ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep), on the
+        ``DynamicCache`` for the model's config (its sliding layers keep what transformers' keep; every
+        slot with ``whole``), on the
         CPU in the weights' dtype; an encoder-decoder's as an ``EncoderDecoderCache`` whose cross-attention
         part holds the encoder's first ``source`` positions (all with ``None``); ``None`` for a layer with
         other states."""
@@ -610,7 +734,7 @@ class JaxEngine:
             cache = DynamicCache(config=self.model.config)
             # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
             # own generate fails there): a cache that adds them as they come.
-            if len(cache.layers) < len(layers):
+            if whole or len(cache.layers) < len(layers):
                 cache = DynamicCache()
             for index, layer in enumerate(layers):
                 keys = host(layer["keys"], window, in_place)

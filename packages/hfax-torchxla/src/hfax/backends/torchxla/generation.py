@@ -647,9 +647,18 @@ class TorchXlaEngine:
         torch_xla.sync()
         return run
 
-    def cache(self, run: Run, rows: int, start: int, end: int, source: int | None = None) -> Any:
+    def cache(
+        self,
+        run: Run,
+        rows: int,
+        start: int,
+        end: int,
+        source: int | None = None,
+        whole: bool = False,
+    ) -> Any:
         """The attention layers' keys and values in slots ``[start, end)`` of the prompt's bucket as a
-        transformers ``DynamicCache`` for the model's config, on the CPU; an encoder-decoder's as an
+        transformers ``DynamicCache`` for the model's config (every slot of every layer with ``whole``),
+        on the CPU; an encoder-decoder's as an
         ``EncoderDecoderCache`` whose cross-attention part holds the encoder's first ``source`` positions
         (all with ``None``); ``None`` for a layer with other states."""
         from transformers.cache_utils import DynamicCache
@@ -669,7 +678,7 @@ class TorchXlaEngine:
             cache = DynamicCache(config=self.model.config)
             # A T5 decoder deeper than its encoder has more layers than its config counts (transformers'
             # own generate fails there): a cache that adds them as they come.
-            if len(cache.layers) < len(layers):
+            if whole or len(cache.layers) < len(layers):
                 cache = DynamicCache()
             for index, layer in enumerate(layers):
                 # Whole buffers to the host, cut there: a cut on the device would be a program per shape.
