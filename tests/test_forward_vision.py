@@ -16,12 +16,12 @@ import transformers
 import hfax
 from hfax.plugins import backends
 from hfax.testing import as_numpy, save_tiny
+from hfax.testing.configs import ENCODER_SIZES as ENCODER
 
 BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")
 
 TOLERANCE = 1e-4
-ENCODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

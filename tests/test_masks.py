@@ -7,31 +7,21 @@ import torch
 import transformers
 
 from hfax import masks
-
-TINY = dict(vocab_size=64, num_hidden_layers=2)
+from hfax.testing import conformance
+from hfax.testing.configs import mask_config, tiny_config
 
 
 @pytest.mark.parametrize(
     "config, two_d",
     [
-        (
-            transformers.LlamaConfig(
-                hidden_size=32, intermediate_size=64, num_attention_heads=4, **TINY
-            ),
-            False,
-        ),
-        (
-            transformers.Gemma2Config(
-                hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8, **TINY
-            ),
-            False,
-        ),
+        (tiny_config("llama"), False),
+        (tiny_config("gemma2"), False),
         # ALiBi from the 2-D mask (BLOOM, by its model's build_alibi_tensor)
-        (transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), True),
+        (mask_config("bloom"), True),
         # recurrent layers zero padding with the 2-D mask
-        (transformers.MambaConfig(hidden_size=32, state_size=8, **TINY), True),
+        (tiny_config("mamba"), True),
         # expands the 2-D mask itself, without transformers' masking_utils
-        (transformers.OpenAIGPTConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=64), True),
+        (conformance.config("openai_gpt"), True),
     ],
     ids=lambda value: type(value).__name__ if not isinstance(value, bool) else str(value),
 )

@@ -140,6 +140,12 @@ IMAGE_TOKEN = 3
 IMAGE_TOKENS = {"llava": 16, "qwen2_vl": 4, "gemma3": 4}
 
 
+#: The sizes of the tiny vision encoders (ViT-style: 16 x 16 images in 4 x 4 patches) the tests build.
+ENCODER_SIZES = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+)
+
+
 def tiny_multimodal_config(name: str) -> Any:
     """A tiny config of one of :data:`MULTIMODAL` (2 layers, hidden size 32, 16 x 16 images in 4 x 4
     patches; Whisper: 8 mel bins, 32 frames); :func:`multimodal_inputs` is what its processor returns."""
@@ -148,8 +154,7 @@ def tiny_multimodal_config(name: str) -> Any:
     text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
-    encoder = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                   image_size=16, patch_size=4)  # fmt: skip
+    encoder = dict(**ENCODER_SIZES, image_size=16, patch_size=4)
     if name == "llava":
         return transformers.LlavaConfig(
             vision_config=transformers.CLIPVisionConfig(**encoder, projection_dim=32),
