@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from hfax.generation.rows import Sampling
 from hfax.generation.slots import Chunk
-from hfax.serve.scheduler import CHUNK_SECONDS, Scheduler, Sequence
+from hfax.serve.scheduler import Scheduler, Sequence
 
 BUCKET = 16
 
@@ -327,50 +326,3 @@ def test_prompts_sharing_a_prefix_reuse_it_in_the_turn_after_it_is_kept_or_the_s
         assert scheduler.counters.reused_tokens == 64 and scheduler.counters.kept_prefixes == 3
     finally:
         scheduler.close()
-
-
-class TimedEngine(ColumnsEngine):
-    """:class:`ColumnsEngine` whose decode step takes ``step_seconds`` of wall time."""
-
-    def __init__(self, step_seconds: float, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.step_seconds = step_seconds
-        self.chunks: list[tuple[int, int]] = []  # each decode's busy rows and steps asked
-
-    def decode(self, steps: int, rows: int, allowed=None) -> None:
-        self.chunks.append((int((self.left[:rows] > 0).sum()), steps))
-        super().decode(steps, rows, allowed)
-        time.sleep(self.step_seconds * int(self.count.max(initial=0)))
-
-
-@pytest.mark.parametrize(
-    ("step_seconds", "steps"),
-    [(0.0, 4), (0.001, 4), (0.015, 1), (0.05, 1)],
-    ids=["instant", "fast", "slow", "cpu"],
-)
-def test_a_decode_chunk_runs_as_many_steps_as_fit_its_wall_time(step_seconds, steps):
-    """With two requests busy, after the first chunk (the engine's whole chunk, nothing measured yet)
-    each chunk runs as many steps as fit ``CHUNK_SECONDS`` at the last chunk's seconds per step: the
-    engine's whole chunk of 4 when steps are fast, one step when a step alone takes most of it, so a
-    request arriving mid-chunk waits about a step, not a chunk. A lone request runs whole chunks."""
-    engine = TimedEngine(step_seconds, slots=2, length=64, chunk=4)
-    scheduler = Scheduler(engine, eos=[], max_queue=8)
-    try:
-        assert _ask(scheduler, 12) == [7] * 12  # alone
-        answers = [[], []]
-        threads = [
-            threading.Thread(target=lambda i=i: answers[i].extend(_ask(scheduler, 20)))
-            for i in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(20)
-    finally:
-        scheduler.close()
-    assert answers == [[7] * 20] * 2
-    assert {steps for busy, steps in engine.chunks if busy == 1} == {4}, engine.chunks
-    together = [asked for busy, asked in engine.chunks if busy == 2]
-    # A pause of this process (another thread, a busy machine) can make one chunk look slow.
-    assert together and together.count(steps) >= len(together) - 1, engine.chunks
-    assert int(CHUNK_SECONDS / 0.015) == 1 and CHUNK_SECONDS / 0.001 >= 2 * 4  # the cases' sides

@@ -22,10 +22,10 @@ from hfax.specs import Backend
 
 log = logging.getLogger("hfax.serve")
 
-#: The most decode steps in one chunk (the scheduler runs fewer where steps are slow,
-#: :meth:`hfax.serve.scheduler.Scheduler._steps`). A row that finishes mid-chunk idles until the chunk
-#: ends, and a request arriving meanwhile waits for the next one, so shorter chunks keep more rows busy;
-#: each chunk costs host work, which a device whose steps take a millisecond feels in short chunks.
+#: Decode steps per chunk: how often new requests may join and tokens reach their clients. A row that
+#: finishes mid-chunk idles until the chunk ends, and a request arriving meanwhile waits for the next one,
+#: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels in short
+#: chunks (``benchmarks/serve.py`` measures it; docs/PERFORMANCE.md, "Serving").
 CHUNK = 4
 
 

@@ -5,9 +5,7 @@ One worker thread owns the engine (a :class:`hfax.generation.slots.SlotEngine`, 
 cancelled, prefill the waiting requests that fit into free rows (first in, first out; those of one
 prompt bucket together, in one program of the engine), move the last busy rows down into
 free rows below them, run one decode chunk over the leading rows that hold every request, hand each request
-its new tokens. While several requests are busy or waiting, a chunk runs as many steps as fit
-:data:`CHUNK_SECONDS` at the last chunk's pace, at most the engine's ``chunk``: whoever arrives mid-chunk
-waits about that long to join (:meth:`Scheduler._steps`). Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
+its new tokens. Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
 :class:`Sequence`'s ``deliver`` callback, called on the worker thread.
 
 The cache columns a request will use are known when it is admitted (its prompt's bucket before the
@@ -44,10 +42,6 @@ from hfax.generation.slots import Admission, Kept, SlotEngine
 from hfax.serve.prefixes import Plan, Prefixes
 
 log = logging.getLogger("hfax.serve")
-
-#: The wall time a decode chunk aims at (:meth:`Scheduler._steps`): a request arriving mid-chunk waits up
-#: to this long to be admitted, beside the chunk's fixed host work (a program call, reading its tokens).
-CHUNK_SECONDS = 0.02
 
 
 @dataclasses.dataclass
@@ -113,7 +107,6 @@ class Scheduler:
         )
         self._rows: list[Sequence | None] = [None] * engine.slots
         self._spans: dict[int, tuple[int, int]] = {}  # row -> its columns [first, end)
-        self._step_seconds: float | None = None  # the last decode chunk's wall time per step
         self._wake = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="hfax-serve-scheduler", daemon=True)
@@ -366,29 +359,14 @@ class Scheduler:
         if ended:
             self.engine.release(self._mask(ended))
 
-    def _steps(self) -> int:
-        """Steps in the next chunk. A request that arrives, or a row that frees, mid-chunk waits for the
-        chunk's end; each chunk costs fixed work (a program call that copies the leading rows' cache in and
-        out, reading its tokens, this loop), which a lone row feels on every token. So a lone request with
-        nobody waiting runs the engine's whole ``chunk``; with others busy or waiting, a chunk runs as many
-        steps as fit :data:`CHUNK_SECONDS` at the last chunk's seconds per step, from one to ``chunk``: on a
-        device whose steps take a millisecond that is still the whole chunk, on a CPU whose steps take a
-        tenth of a second one step."""
-        if self._step_seconds is None or (self.busy <= 1 and not self._waiting):
-            return self.engine.chunk
-        return max(1, min(self.engine.chunk, int(CHUNK_SECONDS / self._step_seconds)))
-
     def _decode(self) -> None:
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
-        started = time.perf_counter()
         if any(sequence is not None and sequence.constraint is not None for sequence in self._rows):
             self.engine.decode(1, last + 1, allowed=self._allowed(self._rows, self.engine.slots))
         else:
-            self.engine.decode(self._steps(), last + 1)
+            self.engine.decode(self.engine.chunk, last + 1)
         chunk = self.engine.read()
         count = np.asarray(chunk.count)
-        if count.max(initial=0):
-            self._step_seconds = (time.perf_counter() - started) / int(count.max())
         self.counters.decode_steps += int(count.max(initial=0))
         self.counters.busy_row_steps += int(count.sum())
         completed = []
