@@ -95,15 +95,21 @@ def _free_port() -> int:
 class Server:
     """``hfax serve`` in a subprocess on 127.0.0.1."""
 
+    name = "hfax serve"
+
     def __init__(
         self, path: str, dtype: str, slots: int, log: Path, options: tuple[str, ...] = ()
     ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log, "w")
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", path,
                    "--dtype", dtype, "--port", str(self.port), "--max-batch", str(slots),
                    "--max-queue", "256", "--max-len", "256", *options]  # fmt: skip
+        self._start(command, log)
+
+    def _start(self, command: list[str], log: Path) -> None:
+        """Run ``command`` with its output in ``log`` until the server answers ``/health`` (15 minutes)."""
+        self.log = open(log, "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -111,13 +117,13 @@ class Server:
                 # The log's folder goes with the run: its last lines go into the error.
                 self.log.flush()
                 tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
-                raise RuntimeError(f"hfax serve exited {self.process.returncode}:\n{tail}")
+                raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5):
                     return
             except OSError:
                 time.sleep(1)
-        raise RuntimeError(f"hfax serve did not start in 15 minutes; see {log}")
+        raise RuntimeError(f"{self.name} did not start in 15 minutes; see {log}")
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
@@ -180,32 +186,17 @@ def load(url: str, model: str, requests: list[tuple[Any, int]], clients: int, ti
     }
 
 
-class TransformersServer:
+class TransformersServer(Server):
     """``transformers serve --continuous-batching`` of one folder in a subprocess on 127.0.0.1."""
 
-    def __init__(self, executable: str, path: str, dtype: str, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.log = open(log, "w")
-        command = [executable, "serve", path, "--continuous-batching", "--dtype", dtype,
-                   "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.log.flush()
-                tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
-                raise RuntimeError(f"transformers serve exited {self.process.returncode}:\n{tail}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5):
-                    return
-            except OSError:
-                time.sleep(1)
-        raise RuntimeError(f"transformers serve did not start in 10 minutes; see {log}")
+    name = "transformers serve"
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=120)
-        self.log.close()
+    def __init__(self, executable: str, path: str, dtype: str, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [executable, "serve", path, "--continuous-batching", "--dtype", dtype,
+                   "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
+        self._start(command, log)
 
 
 def text_workload(path: str, requests: list[tuple[list[int], int]]) -> tuple[list[tuple[str, int]], Any]:  # fmt: skip
