@@ -942,6 +942,8 @@ def test_cli_refuses_bad_options_in_one_line():
         (["--max-batch", "0"], "--max-batch"),
         (["--port", "0"], "--port"),
         (["--prefix-cache", "-1"], "--prefix-cache"),
+        (["--prefill-chunk", "-1"], "--prefill-chunk"),
+        (["--prefill-chunk", "64", "--max-len", "64"], "--prefill-chunk"),
     ]:
         run = subprocess.run(
             [sys.executable, "-c", "from hfax.cli import main; main()", "serve", *args],
