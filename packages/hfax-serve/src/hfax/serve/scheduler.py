@@ -19,6 +19,18 @@ the rest's), whether its prompt is kept after its prefill, and the phase of the 
 admissions of a turn run phase by phase, and each prefill call is followed by the copy of the prompts it
 keeps into the store.
 
+A prompt whose prefill would take more than the engine's ``piece`` tokens (``hfax serve
+--prefill-chunk``) is prefilled in pieces (:meth:`hfax.generation.slots.SlotEngine.prefill`): its row is
+taken when it is admitted, and each turn runs the next piece of every such row, in one engine call
+before the turn's other prefills, then the decode chunk, so rows already decoding get tokens between
+pieces. Its row produces no tokens until its last piece gives its first. Pieces come before new
+admissions: a piece needs its prompt's tokens so far and itself before the clock and its ``max_new``
+after it (the engine moves its tokens to end at the clock), and when no shift makes room the pieces,
+and every sequence waiting behind them, wait for rows to finish. With prefix caching, a prompt whose
+tokens after its stored prefix fill more than a piece goes in pieces from its first token (reusing
+nothing), and what it keeps is planned at, and copied after, its last piece. Cancelled between pieces,
+its row is freed like any other.
+
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
 (all of them for rows without a grammar, which so get the tokens they get alone, one per step), its

@@ -12,6 +12,9 @@
     engine.keep([Kept(row, entry, count), ...])       a prompt's first tokens into the prefix store (one program)
     engine.admit([Admission(..., reuse=Reuse(entry, count)), ...])
                                                       prefill prompts after their stored prefixes (one program)
+    engine.prefill([Piece(admission, start, end), ...])
+                                                      the next piece of long prompts, between decode chunks
+                                                                                                  (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
@@ -50,6 +53,30 @@ buckets (stored, rest) and power of two of requests when first needed, and a kee
 of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
 (``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
 the openai client, against transformers) check it.
+
+Prefilling in pieces. With ``piece`` above 0 a long prompt can be prefilled a :class:`Piece` at a time
+(:meth:`SlotEngine.prefill`, :func:`piece_program`), with decode chunks of the other rows between pieces,
+so that they keep streaming while it prefills. The short piece goes first (what whole pieces leave
+over, left-padded into ``piece`` columns), every later one holds ``piece`` tokens. Each piece is
+written into columns ``[clock - piece, clock)`` of its row at its own positions, after the row's earlier
+tokens have been moved (a roll of that row alone) to end just before it: so the prompt's tokens always
+sit in consecutive columns ending at the clock, as a prompt prefilled whole does, and after its last
+piece the row is one a whole prefill would have made, up to which columns hold padding. The columns
+the decode steps between pieces wrote into the reserved row (every row writes at the clock) end up
+past the clock or under the next piece, and ``valid`` hides them. The row stays finished (it produces
+no token) until its last piece, which chooses its first token. Why the tokens are those of a whole
+prefill: keys and values at a position depend only on the tokens up to it, each query sees exactly its
+prompt's earlier tokens, and every column distance between two of them is their position distance, so
+sliding windows and chunked attention see what they see in a whole prefill (the tiny Gemma 3 of
+packages/hfax-jax/tests/test_slots.py, window 4, checks it). Only a window counted back from the first
+query of a forward (``Span.cached_only``) would see otherwise; such a model's prompts are prefilled
+whole (:func:`split_refusal`, the rule prefix caching answers to as well). Programs: one per power of
+two of pieces prefilled together, each piece padded into ``piece`` columns, and ``hfax serve`` compiles
+them all when the engine is made (:func:`hfax.serve.engine`), so a long prompt compiles nothing while
+serving; with a first token ``allowed`` (a grammar) its own program per power of two, when first
+needed. packages/hfax-jax/tests/test_slots.py
+(``test_a_long_prompt_prefilled_in_pieces_beside_a_decoding_row_gets_its_generate_tokens``) and
+tests/test_serve.py (``test_a_long_prompt_prefilled_in_pieces_answers_as_transformers``) check it.
 
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
@@ -700,9 +727,9 @@ def release_program(model: Any, state: dict[str, Any], free: Any, static: Static
 
 
 class SlotEngine:
-    """``slots`` rows of a ``length``-column cache, and a store of ``prefixes`` prompt prefixes of up to
-    ``prefix_length`` tokens (default: half a row): the JAX backend's
-    :class:`hfax.generation.slots.SlotEngine`."""
+    """``slots`` rows of a ``length``-column cache, a store of ``prefixes`` prompt prefixes of up to
+    ``prefix_length`` tokens (default: half a row), and prompts prefilled in pieces of up to ``piece``
+    tokens (0: whole): the JAX backend's :class:`hfax.generation.slots.SlotEngine`."""
 
     def __init__(
         self,
