@@ -78,14 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=32000, help="token ids are drawn below it")
+    parser.add_argument("--logs", default=None, help="a folder to keep the servers' logs in")
     args = parser.parse_args(argv)
     import openai
 
     path = serve.served_folder(args.model, Path(tempfile.mkdtemp()))
     for chunk in [int(c) for c in args.chunks.split(",")]:
         with tempfile.TemporaryDirectory() as scratch:
+            scratch = args.logs or scratch
             options = ("--max-len", str(args.max_len), "--prefill-chunk", str(chunk))
-            server = serve.Server(path, args.dtype, 2, Path(scratch) / "serve.log", options)
+            server = serve.Server(
+                path, args.dtype, 2, Path(scratch) / f"serve-{chunk}.log", options
+            )
             try:
                 client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
                 one_round(client, path, args, seed=1000)  # compiles what the rounds need
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 gaps, firsts = [], []
                 for i in range(args.rounds):
                     round_gaps, first = one_round(client, path, args, seed=i)
+                    print(f"  round {i}: longest gap {max(round_gaps):.2f} s, long TTFT {first:.2f} s", flush=True)  # fmt: skip
                     gaps += round_gaps
                     firsts.append(first)
                 metrics = server.metrics()
