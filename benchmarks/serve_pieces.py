@@ -1,115 +1,110 @@
-"""A running stream's delivery gaps while ``hfax serve`` admits a long prompt, prefilled whole or in pieces.
+"""A running stream's delivery gaps while ``hfax serve``'s scheduler admits a long prompt, prefilled whole
+or in pieces (``--prefill-chunk``).
 
-    python benchmarks/serve_pieces.py                          # Gemma 3 270M, 900-token prompts, --max-len 1024
-    python benchmarks/serve_pieces.py --max-len 2048 --chunks 0,256,128
+    python benchmarks/serve_pieces.py                       # Gemma 3 270M, 900-token prompts
+    python benchmarks/serve_pieces.py --runs 2048:0,2048:256,1024:256 --rounds 3
 
-For each ``--prefill-chunk`` value of ``--chunks`` (0: every prompt prefilled whole) the script starts
-``hfax serve`` (``--max-batch 2``) on 127.0.0.1 and runs ``--rounds`` rounds of: one greedy streamed
-completion of a 16-token prompt (``--stream-tokens`` new tokens, ``logprobs`` on so that each delivery
-says how many tokens it carries), and, once it has delivered 8 tokens, a ``--prompt``-token completion of
-8 tokens. A round before the clock starts compiles whatever the timed ones need. It prints, per chunk
-value, the gaps between the stream's deliveries (each carries up to a decode chunk of tokens): p50, p99
-and the longest, all rounds together, and the long prompt's time to first token (p50). Prompts are
-random token ids. Nothing is written: the numbers go into docs/PERFORMANCE.md by hand.
+The scheduler and the JAX slot engine of ``hfax serve`` run in this process (no HTTP: the gaps are the
+scheduler's), ``--max-batch 2``, one engine per ``LENGTH:PIECE`` of ``--runs`` (rows of LENGTH columns,
+``--prefill-chunk PIECE``, 0 prefilling whole; a 900-token prompt's bucket of 1024 and 8 new tokens do
+not fit rows of 1024 whole). Each round streams a greedy 16-token prompt's ``--stream-tokens`` new
+tokens and, once 8 have come, submits a ``--prompt``-token prompt for 8 tokens. The first round
+compiles what the others need and is not counted. It prints, per run, the gaps between the stream's
+deliveries (each carries up to a decode chunk of 4 tokens): p50, p99 and the longest, over the counted
+rounds, and the long prompt's mean time to first token. Prompts are random token ids. Nothing is
+written: the numbers go into docs/PERFORMANCE.md by hand.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-import serve  # noqa: E402  (benchmarks/serve.py: the served folder, the server, one streamed request)
 
+def one_round(scheduler: object, args: argparse.Namespace, rng: np.random.Generator) -> tuple[list[float], float]:  # fmt: skip
+    """The stream's delivery gaps and the long prompt's time to first token, in seconds."""
+    from hfax.generation.rows import Sampling
+    from hfax.serve.scheduler import Sequence
 
-def stream(client: Any, model: str, prompt: list[int], tokens: int, started: threading.Event) -> list[tuple[float, int]]:  # fmt: skip
-    """The stream's deliveries: when each came and how many tokens it carried; ``started`` is set once
-    8 tokens came."""
-    deliveries = []
-    got = 0
-    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=tokens,
-                                           temperature=0, stream=True, logprobs=1):  # fmt: skip
-        now = time.perf_counter()
-        logprobs = chunk.choices[0].logprobs if chunk.choices else None
-        count = len(logprobs.tokens) if logprobs and logprobs.tokens else 0
-        if count:
-            deliveries.append((now, count))
-            got += count
-            if got >= 8:
-                started.set()
-    started.set()
-    return deliveries
+    started, done = threading.Event(), threading.Semaphore(0)
+    times: list[float] = []
+    first: list[float] = []
+    streamed = [0]
 
+    def stream(event) -> None:
+        times.append(time.perf_counter())
+        streamed[0] += len(event.ids)
+        if streamed[0] >= 8 or event.finish:
+            started.set()
+        if event.finish:
+            done.release()
 
-def one_round(client: Any, model: str, args: argparse.Namespace, seed: int) -> tuple[list[float], float]:  # fmt: skip
-    """One round (see the module docstring): the stream's delivery gaps and the long prompt's TTFT."""
-    rng = np.random.default_rng(seed)
+    def long(event) -> None:
+        first.append(time.perf_counter())
+        if event.finish:
+            done.release()
+
     short = rng.integers(10, args.vocab, 16).tolist()
-    long = rng.integers(10, args.vocab, args.prompt).tolist()
-    started = threading.Event()
-    result: dict[str, Any] = {}
-
-    def run_stream() -> None:
-        result["deliveries"] = stream(client, model, short, args.stream_tokens, started)
-
-    thread = threading.Thread(target=run_stream)
-    thread.start()
+    scheduler.submit([Sequence(short, args.stream_tokens, Sampling(0.0), stream)])  # type: ignore[attr-defined]
     started.wait()
-    record = serve.one_request(client, model, long, 8)
-    thread.join()
-    times = [when for when, _ in result["deliveries"]]
-    return np.diff(times).tolist(), record["first"] - record["sent"]
+    sent = time.perf_counter()
+    prompt = rng.integers(10, args.vocab, args.prompt).tolist()
+    scheduler.submit([Sequence(prompt, 8, Sampling(0.0), long)])  # type: ignore[attr-defined]
+    done.acquire()
+    done.acquire()
+    return np.diff(times).tolist(), first[0] - sent
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gemma", help="llama or gemma (benchmarks/decode.py's)")
+    parser.add_argument("--model", default=None, help="a model folder (default: Gemma 3 270M)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--chunks", default="0,256", help="--prefill-chunk values, comma-separated")
+    parser.add_argument(
+        "--runs", default="2048:0,2048:256,1024:256", help="LENGTH:PIECE, comma-separated"
+    )
     parser.add_argument("--prompt", type=int, default=900, help="the long prompt's tokens")
     parser.add_argument("--stream-tokens", type=int, default=96)
-    parser.add_argument("--max-len", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds per run, the first not counted"
+    )
     parser.add_argument("--vocab", type=int, default=32000, help="token ids are drawn below it")
-    parser.add_argument("--logs", default=None, help="a folder to keep the servers' logs in")
     args = parser.parse_args(argv)
-    import openai
+    import hfax
+    from hfax import serve
+    from hfax.demo import default_model
+    from hfax.serve.scheduler import Scheduler
 
-    path = serve.served_folder(args.model, Path(tempfile.mkdtemp()))
-    for chunk in [int(c) for c in args.chunks.split(",")]:
-        with tempfile.TemporaryDirectory() as scratch:
-            scratch = args.logs or scratch
-            options = ("--max-len", str(args.max_len), "--prefill-chunk", str(chunk))
-            server = serve.Server(
-                path, args.dtype, 2, Path(scratch) / f"serve-{chunk}.log", options
-            )
-            try:
-                client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-                one_round(client, path, args, seed=1000)  # compiles what the rounds need
-                compiles = server.metrics()["hfax_compiles_total"]
-                gaps, firsts = [], []
-                for i in range(args.rounds):
-                    round_gaps, first = one_round(client, path, args, seed=i)
-                    print(f"  round {i}: longest gap {max(round_gaps):.2f} s, long TTFT {first:.2f} s", flush=True)  # fmt: skip
+    model = hfax.AutoModelForCausalLM.from_pretrained(
+        args.model or default_model(), backend="jax", dtype=args.dtype
+    )
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    for run in args.runs.split(","):
+        length, piece = (int(part) for part in run.split(":"))
+        began = time.perf_counter()
+        engine = serve.engine(hfax.get_backend("jax"), model, slots=2, length=length, piece=piece)
+        made = time.perf_counter() - began
+        scheduler = Scheduler(engine, eos, max_queue=8)
+        rng = np.random.default_rng(0)
+        gaps, firsts = [], []
+        try:
+            for i in range(args.rounds):
+                round_gaps, first = one_round(scheduler, args, rng)
+                if i:
                     gaps += round_gaps
                     firsts.append(first)
-                metrics = server.metrics()
-            finally:
-                server.stop()
-        gaps_ms = 1000 * np.array(gaps)
+                    print(f"  {run} round {i}: longest gap {max(round_gaps):.2f} s, TTFT {first:.2f} s", flush=True)  # fmt: skip
+        finally:
+            scheduler.close()
+        ms = 1000 * np.array(gaps)
         print(
-            f"--prefill-chunk {chunk}: stream delivery gaps p50 {np.percentile(gaps_ms, 50):.0f} ms, "
-            f"p99 {np.percentile(gaps_ms, 99):.0f} ms, longest {gaps_ms.max():.0f} ms "
-            f"({len(gaps)} gaps); long prompt TTFT p50 {np.median(firsts):.2f} s; "
-            f"pieces {metrics['hfax_prefill_pieces_total']:.0f}; "
-            f"compiled while timed {metrics['hfax_compiles_total'] - compiles:.0f}",
+            f"--max-len {length} --prefill-chunk {piece}: engine made in {made:.0f} s; stream delivery "
+            f"gaps p50 {np.percentile(ms, 50):.0f} ms, p99 {np.percentile(ms, 99):.0f} ms, longest "
+            f"{ms.max():.0f} ms ({len(ms)} gaps); long prompt TTFT {np.mean(firsts):.2f} s; "
+            f"pieces {scheduler.counters.prefill_pieces}",
             flush=True,
         )
     return 0

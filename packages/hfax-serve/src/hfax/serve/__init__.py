@@ -33,7 +33,7 @@ CHUNK = 4
 #: piece, not a whole prompt; each piece reads its row's earlier ones again and pads its first piece
 #: into a whole one, so smaller pieces cost more in all. 256 keeps a piece's wait near a decode chunk's
 #: on a CPU for a small model while adding little to a long prompt's first token; on an accelerator a
-#: piece of 256 tokens still fills the matrix units (docs/PERFORMANCE.md, "prefill in pieces").
+#: piece of 256 tokens still fills the matrix units (docs/PERFORMANCE.md, "hfax serve: prefill in pieces").
 PIECE = 256
 
 
