@@ -53,7 +53,9 @@ class Served:
     """A tiny Llama served in a subprocess: on the word-level tokenizer of hfax.testing, or with
     ``byte_level`` on its byte-level one (which llguidance reads: ``response_format``'s tests)."""
 
-    def __init__(self, tmp_path, byte_level: bool = False, slots: int = SLOTS) -> None:
+    def __init__(
+        self, tmp_path, byte_level: bool = False, slots: int = SLOTS, options: tuple[str, ...] = ()
+    ) -> None:
         import transformers
 
         from hfax.testing import (
@@ -77,7 +79,7 @@ class Served:
         self.log = open(tmp_path / "serve.log", "w+")
         command = [sys.executable, "-c", "from hfax.cli import main; main()", "serve", "-m", self.path,
                    "--port", str(self.port), "--max-batch", str(slots), "--max-queue", str(QUEUE),
-                   "--drain", "20", "--prefix-cache", "4"]  # fmt: skip
+                   "--drain", "20", "--prefix-cache", "4", *options]  # fmt: skip
         env = {**os.environ, "HFAX_CACHE": str(tmp_path / "hfax-cache")}  # not the user's cache
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()
@@ -900,6 +902,39 @@ def test_models_with_sliding_windows_keep_no_prefixes_and_prefill_whole(tmp_path
     assert scheduler.counters.reused_tokens == 0 and scheduler.counters.kept_prefixes == 0
 
 
+def test_a_long_prompt_prefilled_in_pieces_answers_as_transformers(tmp_path_factory):
+    """``hfax serve --prefill-chunk 16``: a prompt of more than 48 tokens is prefilled a piece per turn
+    while another request streams; both get transformers' greedy text, /metrics counts the pieces, and
+    nothing compiles for them (the pieces' programs compiled before the server listened)."""
+    server = Served(
+        tmp_path_factory.mktemp("serve-pieces"), slots=2, options=("--prefill-chunk", "16")
+    )
+    try:
+        short, long = PROMPTS[0], " ".join(PROMPTS)
+        ids = server.ids(long)
+        assert len(ids) > 48
+        server.complete(short, max_tokens=2)  # the short prompt's bucket compiled
+        before = server.metrics()
+        streamed: dict[str, str] = {}
+
+        def stream() -> None:
+            streamed["text"] = _streamed_text(server.complete(short, max_tokens=40, stream=True))[0]
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        text = server.complete(long, max_tokens=12).choices[0].text
+        thread.join()
+        after = server.metrics()
+        assert text == server.text(server.greedy(ids, 12))
+        assert streamed["text"] == server.text(server.greedy(server.ids(short), 40))
+        pieces = after["hfax_prefill_pieces_total"] - before["hfax_prefill_pieces_total"]
+        assert pieces == -(-len(ids) // 16)
+        assert after["hfax_compiles_total"] == before["hfax_compiles_total"]
+    finally:
+        server.stop()
+        server.log.close()
+
+
 def test_readme_client_example_runs(served, capsys):
     """The README's openai-client block, pointed at this server and its model."""
     from pathlib import Path
@@ -942,6 +977,8 @@ def test_cli_refuses_bad_options_in_one_line():
         (["--max-batch", "0"], "--max-batch"),
         (["--port", "0"], "--port"),
         (["--prefix-cache", "-1"], "--prefix-cache"),
+        (["--prefill-chunk", "-1"], "--prefill-chunk"),
+        (["--prefill-chunk", "64", "--max-len", "64"], "--prefill-chunk"),
     ]:
         run = subprocess.run(
             [sys.executable, "-c", "from hfax.cli import main; main()", "serve", *args],

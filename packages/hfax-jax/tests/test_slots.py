@@ -3,6 +3,8 @@ moving under them, give every request the tokens ``generate`` gives it alone."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -295,3 +297,68 @@ def test_prompts_reusing_a_stored_prefix_get_their_generate_tokens(tiny):
     engine.restart(64)
     with pytest.raises(ValueError, match="80 columns before the clock"):
         engine.admit([Admission(1, prompts[3], Sampling(0.0), NEW, reuse=Reuse(0, 43))])
+
+
+LONG = [1, *np.random.default_rng(3).integers(4, 128, 69).tolist()]  # 70 tokens: 6, then two of 32
+
+
+def _transformers(reference, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation of ``prompt`` (``NEW`` tokens, ``generate``) and each token's
+    log-softmax from a forward over the prompt and those tokens."""
+    import torch
+
+    from hfax.testing import reference_generate
+
+    out = reference_generate(reference, np.array([prompt]), max_new_tokens=NEW)[0]
+    expected = out[len(prompt) :].tolist()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + expected])).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits.float(), -1)[torch.arange(len(expected)), expected]
+    return expected, logprobs.tolist()
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_a_long_prompt_prefilled_in_pieces_beside_a_decoding_row_gets_its_generate_tokens(
+    tiny, name
+):
+    # A 70-token prompt prefilled in pieces of 32 (its 6 first, then 32 and 32) while row 0 decodes a
+    # chunk between each: the cache shifts (left, then right) and the partly prefilled row moves to
+    # another row between pieces. Its row produces nothing until its last piece; then its tokens are
+    # generate's and transformers' greedy ones, their logprobs transformers' within 1e-4, and row 0's
+    # tokens are generate's too. Gemma 3's sliding layer (a window of 4) sees the same tokens as in a
+    # prompt prefilled whole: the pieces sit in consecutive columns ending at the clock.
+    from hfax.generation.slots import Piece
+
+    _, reference, model = tiny(name)
+    expected, logprobs = _transformers(reference, LONG)
+    assert _generated(model, LONG, do_sample=False) == expected
+    running = _generated(model, PROMPTS[1], do_sample=False)
+    engine = SlotEngine(model, slots=3, length=160, chunk=4, piece=32)
+    assert engine.piece == 32 and engine.piece_refusal == ""
+    engine.shift(40)
+    tokens = {0: [int(_admit(engine, 0, PROMPTS[1], Sampling(0.0))["token"])]}
+    long = Admission(1, LONG, Sampling(0.0, logprobs=True), NEW)
+    chosen = None
+    for start, end, before in ((0, 6, None), (6, 38, -4), (38, 70, 30)):
+        if before is not None:
+            engine.shift(before)
+        if end == 70:
+            engine.move(1, 2)
+            long = dataclasses.replace(long, row=2)
+        (chosen,) = engine.prefill([Piece(long, start, end)])
+        assert (chosen is None) == (end < 70)
+        engine.decode(engine.chunk, 3)
+        chunk = engine.read()
+        tokens[0] += chunk.tokens[0, : chunk.count[0]].tolist()
+        if end < 70:
+            assert chunk.count[1:].sum() == 0 and chunk.finished[1:].all()  # reserved: no tokens
+    tokens[2] = [int(chosen["token"])] + chunk.tokens[2, : chunk.count[2]].tolist()
+    got = [float(chosen["logprob"])] + chunk.logprobs[2, : chunk.count[2]].tolist()
+    while not chunk.finished[[0, 2]].all():
+        engine.decode(engine.chunk, 3)
+        chunk = engine.read()
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        got += chunk.logprobs[2, : chunk.count[2]].tolist()
+    assert tokens[2] == expected and tokens[0] == running
+    np.testing.assert_allclose(got, logprobs, atol=1e-4)

@@ -70,8 +70,8 @@ class RecordingEngine:
 
     prefixes = 0  # no prefix store
 
-    def __init__(self, slots: int) -> None:
-        self.slots, self.calls = slots, []
+    def __init__(self, slots: int, piece: int) -> None:
+        self.slots, self.piece, self.calls = slots, piece, []
 
     def bucket(self, length):
         return 16
@@ -84,6 +84,9 @@ class RecordingEngine:
 
     def read(self):
         self.calls.append(("read",))
+
+    def prefill(self, pieces):
+        self.calls.append(("prefill", [(p.admission.row, p.start, p.end) for p in pieces]))
 
     def move(self, source, target):
         self.calls.append(("move", source, target))
@@ -110,15 +113,15 @@ class Serving(hfax.Backend):
     def serves(self):
         return True
 
-    def serving_engine(self, model, *, slots, length, chunk, prefixes=0):
-        self.asked = (model, slots, length, chunk, prefixes)
-        return RecordingEngine(slots)
+    def serving_engine(self, model, *, slots, length, chunk, prefixes=0, piece=0):
+        self.asked = (model, slots, length, chunk, prefixes, piece)
+        return RecordingEngine(slots, piece)
 
 
 def test_the_server_warms_up_the_engine_its_backend_declares():
     backend, model = Serving(), object()
     engine = serve.engine(backend, model, slots=4, length=64)
-    assert backend.asked == (model, 4, 64, serve.CHUNK, 0)
+    assert backend.asked == (model, 4, 64, serve.CHUNK, 0, 0)
     # A prefill of 1, 2 and 4 prompts together and a decode program for as many busy rows, then every
     # row free and the clock back at 0.
     decodes = [call[1] for call in engine.calls if call[0] == "decode"]
@@ -126,3 +129,21 @@ def test_the_server_warms_up_the_engine_its_backend_declares():
     admits = [call[1] for call in engine.calls if call[0] == "admit"]
     assert admits == [[0], [0, 1], [0, 1, 2, 3]]
     assert engine.calls[-3:] == [("release", True), ("shift", 0), ("restart", 0)]
+    assert not any(call[0] == "prefill" for call in engine.calls)
+
+
+def test_the_warm_up_prefills_a_piece_of_every_power_of_two_of_prompts():
+    """With prompts prefilled in pieces of 32 (:func:`hfax.serve.prefill_piece`: the default of 256 is
+    off in rows of 64 columns), the warm-up also prefills one-token pieces in 1, 2 and 4 rows together,
+    the clock where a piece fits before it."""
+    backend, model = Serving(), object()
+    assert serve.prefill_piece(None, 64) == 0 and serve.prefill_piece(None, 1024) == serve.PIECE
+    with pytest.raises(ValueError, match="--prefill-chunk 64"):
+        serve.prefill_piece(64, 64)
+    engine = serve.engine(backend, model, slots=4, length=64, piece=32)
+    assert backend.asked == (model, 4, 64, serve.CHUNK, 0, 32)
+    start = engine.calls.index(("restart", 32))
+    assert engine.calls[start + 1 : start + 4] == [
+        ("prefill", [(row, 0, 1) for row in range(n)]) for n in (1, 2, 4)
+    ]
+    assert engine.calls[-1] == ("restart", 0)

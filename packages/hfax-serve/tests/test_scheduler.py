@@ -27,6 +27,7 @@ class ColumnsEngine:
 
     vocab = 40  # two words of allowed bits per row
     prefixes = 0  # no prefix store
+    piece = 0  # every prompt prefilled whole
 
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
@@ -326,3 +327,143 @@ def test_prompts_sharing_a_prefix_reuse_it_in_the_turn_after_it_is_kept_or_the_s
         assert scheduler.counters.reused_tokens == 64 and scheduler.counters.kept_prefixes == 3
     finally:
         scheduler.close()
+
+
+class PieceEngine(ColumnsEngine):
+    """:class:`ColumnsEngine` that prefills prompts longer than 16 tokens in pieces of 16: ``calls``
+    records each admit's rows, each prefill's ``(row, start, end)`` and each decode's rows, in order
+    (the test's deliver callbacks add theirs); ``on_piece`` runs at each prefill call."""
+
+    piece = 16
+
+    def __init__(self, slots: int, length: int, chunk: int) -> None:
+        super().__init__(slots, length, chunk)
+        self.calls: list[tuple] = []
+        self.on_piece = lambda pieces: None
+
+    def admit(self, requests) -> list[dict]:
+        self.calls.append(("admit", [r.row for r in requests]))
+        return super().admit(requests)
+
+    def prefill(self, pieces) -> list[dict | None]:
+        assert self.clock >= max(p.start for p in pieces) + self.piece, "columns outside the rows"
+        self.calls.append(("prefill", [(p.admission.row, p.start, p.end) for p in pieces]))
+        self.on_piece(pieces)
+        chosen = []
+        for p in pieces:
+            if p.end < len(p.admission.ids):
+                self.left[p.admission.row] = 0  # reserved: no tokens yet
+                chosen.append(None)
+            else:
+                self.left[p.admission.row] = p.admission.max_new - 1
+                chosen.append({"token": 7, "logprob": 0.0, "top_ids": np.zeros(5, int),
+                               "top_logprobs": np.zeros(5)})  # fmt: skip
+        return chosen
+
+    def decode(self, steps: int, rows: int, allowed=None) -> None:
+        self.calls.append(("decode", rows))
+        super().decode(steps, rows, allowed)
+
+
+def _recording(engine: PieceEngine, name: str, done: threading.Semaphore, events: list):
+    def deliver(event) -> None:  # on the scheduler's thread, between the engine's calls
+        engine.calls.append((name, len(event.ids)))
+        events.append(event)
+        if event.finish:
+            done.release()
+
+    return deliver
+
+
+def test_a_long_prompt_is_prefilled_a_piece_per_turn_while_a_running_row_streams():
+    """A 40-token prompt beside a running sequence: its pieces (8 tokens, the rest of whole pieces, then
+    16 and 16) run one per turn, a decode chunk between each, and the running sequence gets tokens after
+    each; the long one gets its first token from its last piece, then its tokens. /metrics counts the
+    pieces."""
+    engine = PieceEngine(slots=2, length=128, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    done = threading.Semaphore(0)
+    running: list = []
+    long: list = []
+    try:
+        with scheduler._wake:  # both taken in one turn
+            scheduler.submit(
+                [
+                    Sequence(
+                        [1, 2, 3], 20, Sampling(0.0), _recording(engine, "running", done, running)
+                    )
+                ]
+            )
+            scheduler.submit([Sequence(list(range(1, 41)), 6, Sampling(0.0), _recording(engine, "long", done, long))])  # fmt: skip
+        assert done.acquire(timeout=10) and done.acquire(timeout=10)
+    finally:
+        scheduler.close()
+    assert engine.calls[:11] == [
+        ("prefill", [(1, 0, 8)]), ("admit", [0]), ("running", 1), ("decode", 2), ("running", 4),
+        ("prefill", [(1, 8, 24)]), ("decode", 2), ("running", 4),
+        ("prefill", [(1, 24, 40)]), ("long", 1), ("decode", 2),
+    ]  # fmt: skip
+    assert sum(len(e.ids) for e in running) == 20 and sum(len(e.ids) for e in long) == 6
+    assert running[-1].finish == long[-1].finish == "length"
+    assert scheduler.counters.prefill_pieces == 3 and scheduler.counters.prompt_tokens == 43
+
+
+def test_a_sequence_cancelled_between_its_pieces_frees_its_row():
+    """Cancelled after its first piece, a long prompt's sequence gets "cancelled", runs no more pieces,
+    and its row serves the next request."""
+    engine = PieceEngine(slots=1, length=128, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    done = threading.Semaphore(0)
+    events: list = []
+    sequence = Sequence(
+        list(range(1, 41)), 6, Sampling(0.0), _recording(engine, "long", done, events)
+    )
+    engine.on_piece = lambda pieces: scheduler.cancel(sequence)
+    try:
+        scheduler.submit([sequence])
+        assert done.acquire(timeout=10)
+        engine.on_piece = lambda pieces: None
+        assert events[-1].finish == "cancelled" and not any(e.ids for e in events)
+        assert [call for call in engine.calls if call[0] == "prefill"] == [("prefill", [(0, 0, 8)])]
+        assert _ask(scheduler, 5) == [7] * 5
+    finally:
+        scheduler.close()
+    assert scheduler.busy == 0
+
+
+class PrefixPieceEngine(PrefixEngine):
+    """:class:`PrefixEngine` that prefills prompts longer than 16 tokens in pieces of 16, as
+    :class:`PieceEngine` does."""
+
+    piece = 16
+    prefill = PieceEngine.prefill
+
+    def on_piece(self, pieces) -> None:
+        pass
+
+
+def test_a_prompt_in_pieces_reuses_no_prefix_and_is_kept_after_its_last_piece():
+    """With prefix caching, a 41-token prompt goes in pieces (9, 16, 16) and its first 32 tokens are kept
+    after its last piece; a prompt sharing 40 of them, whose 10 tokens after the stored 32 fit a piece,
+    reuses them in one call; one whose 28 after them do not goes in pieces from its first token (and
+    is kept, 48 tokens, in the other entry)."""
+    engine = PrefixPieceEngine(slots=1, length=128, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    shared = list(range(1, 41))
+    done = threading.Semaphore(0)
+    try:
+        for ids in (shared + [3], shared + [5, 6], shared + list(range(50, 70))):
+            scheduler.submit(
+                [Sequence(ids, 2, Sampling(0.0), lambda e: e.finish and done.release())]
+            )
+            assert done.acquire(timeout=10)
+    finally:
+        scheduler.close()
+    assert engine.calls == [
+        ("prefill", [(0, 0, 9)]), ("prefill", [(0, 9, 25)]), ("prefill", [(0, 25, 41)]),
+        ("keep", [(0, 0, 32)]),
+        ("admit", [(0, (0, 32))]),
+        ("prefill", [(0, 0, 12)]), ("prefill", [(0, 12, 28)]), ("prefill", [(0, 28, 44)]),
+        ("prefill", [(0, 44, 60)]), ("keep", [(0, 1, 48)]),
+    ]  # fmt: skip
+    assert scheduler.counters.reused_tokens == 32 and scheduler.counters.prefill_pieces == 7

@@ -58,6 +58,18 @@ class Admission:
 
 
 @dataclasses.dataclass(frozen=True)
+class Piece:
+    """For :meth:`SlotEngine.prefill`: tokens ``start`` to ``end`` of ``admission``'s prompt, prefilled into
+    its row after the ``start`` tokens that the prompt's earlier pieces put there. Only a prompt's first
+    piece may hold fewer than the engine's ``piece`` tokens; the piece that ends the prompt chooses its
+    first token."""
+
+    admission: Admission
+    start: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Kept:
     """For :meth:`SlotEngine.keep`: the keys and values of the first ``count`` prompt tokens of the request
     in ``row``, to be held by entry ``entry`` of the prefix store."""
@@ -92,7 +104,13 @@ class SlotEngine(Protocol):
     model is the reason). :meth:`keep` copies a prompt's first tokens there from its row; a later
     :class:`Admission` with a :class:`Reuse` of them prefills only the rest of its prompt, attending to
     the stored ones, and gets the tokens it gets without. Which entry holds which tokens is the
-    caller's to track."""
+    caller's to track.
+
+    Prefilling in pieces: an engine with ``piece`` above 0 prefills a long prompt one :class:`Piece` at a
+    time (:meth:`prefill`), between decode chunks, so that rows already decoding keep streaming. Its row
+    produces no tokens until its last piece, which chooses its first token; the tokens are those it gets
+    prefilled whole (``piece`` is 0, and ``piece_refusal`` says why, for a model where they would not
+    be)."""
 
     slots: int
     length: int
@@ -102,6 +120,8 @@ class SlotEngine(Protocol):
     prefixes: int  # entries of the prefix store
     prefix_length: int  # tokens an entry holds at most
     prefix_refusal: str  # why the model gets no prefix store ("" if it may have one)
+    piece: int  # prompt tokens a piece holds at most (0: every prompt prefilled whole)
+    piece_refusal: str  # why the model's prompts are prefilled whole ("" if they may go in pieces)
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
@@ -115,6 +135,11 @@ class SlotEngine(Protocol):
         (requests that reuse stored prefixes, all of them or none); each request's first token's
         choice, on the host, in order (a dict of ``token``, ``logprob``, ``top_ids``,
         ``top_logprobs``)."""
+
+    def prefill(self, pieces: Sequence[Piece]) -> list[dict[str, Any] | None]:
+        """Prefill each :class:`Piece` into its row, every piece ending at the clock, in one program (a
+        prompt's pieces in order, one per call); for each piece that ends its prompt its first token's
+        choice, as :meth:`admit` returns it, and ``None`` for the others."""
 
     def keep(self, kept: Sequence[Kept]) -> None:
         """Copy each :class:`Kept`'s prompt tokens from its row into its entry of the prefix store (one

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import Admission, SlotEngine
+from hfax.generation.slots import Admission, Piece, SlotEngine
 from hfax.specs import Backend
 
 log = logging.getLogger("hfax.serve")
@@ -27,6 +27,14 @@ log = logging.getLogger("hfax.serve")
 #: so shorter chunks keep more rows busy; each chunk costs host work, which a lone client feels in short
 #: chunks (``benchmarks/serve.py`` measures it; docs/PERFORMANCE.md, "Serving").
 CHUNK = 4
+
+#: Prompt tokens per prefill piece when ``--prefill-chunk`` is not given. A prompt longer than a piece is
+#: prefilled a piece per scheduler turn, a decode chunk between pieces, so a running stream waits for one
+#: piece, not a whole prompt; each piece reads its row's earlier ones again and pads its first piece
+#: into a whole one, so smaller pieces cost more in all. 256 keeps a piece's wait near a decode chunk's
+#: on a CPU for a small model while adding little to a long prompt's first token; on an accelerator a
+#: piece of 256 tokens still fills the matrix units (docs/PERFORMANCE.md, "hfax serve: prefill in pieces").
+PIECE = 256
 
 
 def context_length(model: Any, requested: int | None) -> int:
@@ -43,16 +51,36 @@ def context_length(model: Any, requested: int | None) -> int:
     return requested
 
 
+def prefill_piece(requested: int | None, length: int) -> int:
+    """The prompt tokens per prefill piece for rows of ``length`` columns: ``requested`` (0: every prompt
+    prefilled whole), else :data:`PIECE` where rows hold more, else 0."""
+    if requested is None:
+        return PIECE if PIECE < length else 0
+    if not 0 <= requested < length:
+        raise ValueError(
+            f"--prefill-chunk {requested}: give 0 (prefill every prompt whole) or fewer tokens than a "
+            f"row's {length} (--max-len)"
+        )
+    return requested
+
+
 def engine(
-    backend: Backend, model: Any, slots: int, length: int, chunk: int = CHUNK, prefixes: int = 0
+    backend: Backend,
+    model: Any,
+    slots: int,
+    length: int,
+    chunk: int = CHUNK,
+    prefixes: int = 0,
+    piece: int = 0,
 ) -> SlotEngine:
     """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`) with a store of
-    ``prefixes`` prompt prefixes, its programs compiled by throwaway requests: for every power of two of
-    busy rows a decode program, and a prefill of that many one-token prompts admitted together
-    (requests arriving together, or one request's ``n`` choices, then compile nothing until a longer
-    prompt comes)."""
+    ``prefixes`` prompt prefixes and prompts longer than ``piece`` tokens prefilled in pieces, its
+    programs compiled by throwaway requests: for every power of two of busy rows a decode program, a
+    prefill of that many one-token prompts admitted together (requests arriving together, or one
+    request's ``n`` choices, then compile nothing until a longer prompt comes), and a prefill of that
+    many pieces (long prompts then compile nothing)."""
     slot_engine = backend.serving_engine(
-        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes
+        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes, piece=piece
     )
     slot_engine.restart(slot_engine.bucket(1))
     rows = 1
@@ -62,6 +90,15 @@ def engine(
         slot_engine.decode(1, busy)
         slot_engine.read()
         rows *= 2
+    if slot_engine.piece:
+        slot_engine.restart(slot_engine.piece)
+        rows = 1
+        while rows < 2 * slots:
+            pieces = [
+                Piece(Admission(row, [0], Sampling(), 2), 0, 1) for row in range(min(rows, slots))
+            ]
+            slot_engine.prefill(pieces)
+            rows *= 2
     slot_engine.move(0, 0)
     slot_engine.release(np.ones((slots,), bool))
     slot_engine.shift(0)
@@ -82,10 +119,12 @@ def run(
     max_len: int | None,
     drain: float,
     prefixes: int = 0,
+    prefill_chunk: int | None = None,
 ) -> None:
     """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
     ``drain`` seconds to end; prompts' prefixes are kept in a store of ``prefixes`` entries for requests
-    that begin with them (:mod:`hfax.serve.prefixes`)."""
+    that begin with them (:mod:`hfax.serve.prefixes`); prompts longer than ``prefill_chunk`` tokens
+    (:func:`prefill_piece`) are prefilled in pieces between decode chunks."""
     import uvicorn
 
     from hfax.serve.app import Server, build
@@ -95,9 +134,12 @@ def run(
     length = context_length(model, max_len)
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    slot_engine = engine(backend, model, max_batch, length, prefixes=prefixes)
+    piece = prefill_piece(prefill_chunk, length)
+    slot_engine = engine(backend, model, max_batch, length, prefixes=prefixes, piece=piece)
     if prefixes and slot_engine.prefix_refusal:
         log.warning("hfax serve: prefix caching is off: %s", slot_engine.prefix_refusal)
+    if piece and slot_engine.piece_refusal:
+        log.warning("hfax serve: prompts are prefilled whole: %s", slot_engine.piece_refusal)
     scheduler = Scheduler(slot_engine, eos, max_queue)
     server = Server(scheduler, tokenizer, name, length)
     server.formats.prepare()

@@ -457,6 +457,12 @@ def metrics(server: Server) -> str:
             "Prompt prefixes copied into the prefix store.",
             counters.kept_prefixes,
         ),
+        (
+            "hfax_prefill_pieces_total",
+            "counter",
+            "Pieces of long prompts prefilled between decode chunks.",
+            counters.prefill_pieces,
+        ),
         ("hfax_queue_depth", "gauge", "Sequences waiting for a row.", scheduler.waiting),
         ("hfax_batch_occupancy", "gauge", "Rows holding a sequence.", scheduler.busy),
         ("hfax_batch_slots", "gauge", "Rows of the decode program.", scheduler.engine.slots),

@@ -55,12 +55,26 @@ def serve_command(
         "(entries of up to half a row each; 0, the default, keeps none). The first reuse of each "
         "pair of prompt buckets compiles a prefill program while serving.",
     ),
+    prefill_chunk: Optional[int] = typer.Option(
+        None,
+        "--prefill-chunk",
+        help="Prompt tokens prefilled per scheduler turn: a longer prompt is prefilled in pieces of "
+        "this many between decode chunks, so running streams keep flowing (default: 256, when rows "
+        "hold more; 0 prefills every prompt whole).",
+    ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
     if max_batch < 1 or max_queue < 0:
         raise UserError("--max-batch must be at least 1 and --max-queue at least 0")
     if prefix_cache < 0:
         raise UserError(f"--prefix-cache {prefix_cache}: give 0 (off) or more entries")
+    if prefill_chunk is not None and (
+        prefill_chunk < 0 or (max_len is not None and prefill_chunk >= max_len)
+    ):
+        raise UserError(
+            f"--prefill-chunk {prefill_chunk}: give 0 (prefill every prompt whole) or fewer tokens "
+            "than --max-len"
+        )
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: choose a port from 1 to 65535")
     check_options(model, mesh, dtype, backend)
@@ -87,6 +101,7 @@ def serve_command(
             max_len=max_len,
             drain=drain,
             prefixes=prefix_cache,
+            prefill_chunk=prefill_chunk,
         )
     except NotImplementedError as error:
         raise UserError(str(error)) from None

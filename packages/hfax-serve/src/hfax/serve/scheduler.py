@@ -19,6 +19,18 @@ the rest's), whether its prompt is kept after its prefill, and the phase of the 
 admissions of a turn run phase by phase, and each prefill call is followed by the copy of the prompts it
 keeps into the store.
 
+A prompt whose prefill would take more than the engine's ``piece`` tokens (``hfax serve
+--prefill-chunk``) is prefilled in pieces (:meth:`hfax.generation.slots.SlotEngine.prefill`): its row is
+taken when it is admitted, and each turn runs the next piece of every such row, in one engine call
+before the turn's other prefills, then the decode chunk, so rows already decoding get tokens between
+pieces. Its row produces no tokens until its last piece gives its first. Pieces come before new
+admissions: a piece needs its prompt's tokens so far and itself before the clock and its ``max_new``
+after it (the engine moves its tokens to end at the clock), and when no shift makes room the pieces,
+and every sequence waiting behind them, wait for rows to finish. With prefix caching, a prompt whose
+tokens after its stored prefix fill more than a piece goes in pieces from its first token (reusing
+nothing), and what it keeps is planned at, and copied after, its last piece. Cancelled between pieces,
+its row is freed like any other.
+
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
 (all of them for rows without a grammar, which so get the tokens they get alone, one per step), its
@@ -38,7 +50,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hfax.generation.rows import Sampling
-from hfax.generation.slots import Admission, Kept, SlotEngine
+from hfax.generation.slots import Admission, Kept, Piece, SlotEngine
 from hfax.serve.prefixes import Plan, Prefixes
 
 log = logging.getLogger("hfax.serve")
@@ -69,10 +81,17 @@ class Sequence:
     constraint: Any = None
     row: int = -1
     plan: Plan | None = None  # how it is admitted, when the engine keeps prefixes
+    in_pieces: bool = False  # its prompt is prefilled a piece per turn (SlotEngine.prefill)
+    prefilled: int = 0  # prompt tokens in its row so far, when in pieces
     generated: int = 0
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
     first_token: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether its row holds part of its prompt and no token yet: more pieces are to come."""
+        return self.in_pieces and self.prefilled < len(self.ids)
 
 
 class QueueFull(Exception):
@@ -92,6 +111,7 @@ class Counters:
     shifts: int = 0
     reused_tokens: int = 0
     kept_prefixes: int = 0
+    prefill_pieces: int = 0
 
 
 class Scheduler:
@@ -121,8 +141,14 @@ class Scheduler:
         return sum(sequence is not None for sequence in self._rows)
 
     def fits(self, prompt: int, max_new: int) -> bool:
-        """Whether a prompt of ``prompt`` tokens and ``max_new`` new ones fit the engine's rows at all."""
-        return self.engine.bucket(prompt) + max_new <= self.engine.length
+        """Whether a prompt of ``prompt`` tokens and ``max_new`` new ones fit the engine's rows at all (in
+        pieces, a prompt takes its own tokens' columns, not its bucket's)."""
+        columns = prompt if self._in_pieces(prompt) else self.engine.bucket(prompt)
+        return columns + max_new <= self.engine.length
+
+    def _in_pieces(self, prefilled: int) -> bool:
+        """Whether a prefill of ``prefilled`` prompt tokens goes in pieces: when it is longer than one."""
+        return 0 < self.engine.piece < prefilled
 
     def submit(self, sequences: list[Sequence]) -> None:
         """Queue ``sequences`` (one request's choices) together, or raise :class:`QueueFull`."""
@@ -168,7 +194,7 @@ class Scheduler:
                     self._wake.wait()
                 if self._closing and not self.busy and not self._waiting and not self._scoring:
                     return
-                admitted = self._take_admissible()
+                admitted, pieces = self._take_admissible()
                 scoring, self._scoring = list(self._scoring), collections.deque()
             for ids, done in scoring:
                 try:
@@ -178,10 +204,10 @@ class Scheduler:
                     scored = error
                 done(scored)
             try:
-                if admitted:
-                    self._admit(admitted)
+                if admitted or pieces:
+                    self._admit(admitted, pieces)
                 self._pack()
-                if self.busy:
+                if any(s is not None and not s.prefilling for s in self._rows):
                     self._decode()
             except Exception:  # noqa: BLE001 - the server keeps serving; these requests get an error
                 log.exception(
@@ -211,16 +237,21 @@ class Scheduler:
         if free.any():
             self.engine.release(free)
 
-    def _take_admissible(self) -> list[tuple[int, Sequence]]:
+    def _take_admissible(
+        self,
+    ) -> tuple[list[tuple[int, Sequence]], list[tuple[int, Sequence]]]:
         """Waiting sequences that get a free row now, first come first served, to be prefilled together
         (:meth:`_admit`), every prompt's bucket ending at the engine's clock, which is shifted (or
-        restarted) once so that the longest bucket fits before it and the longest ``max_new`` after it.
-        The first sequence that does not fit beside those before it waits."""
+        restarted) once so that the longest bucket fits before it and the longest ``max_new`` after it;
+        and the sequences whose next piece runs this turn (see :meth:`_pieces`), among them the new ones
+        whose prompts go in pieces. The first sequence that does not fit beside those before it waits."""
         free = [row for row, sequence in enumerate(self._rows) if sequence is None]
         taken: list[Sequence] = []
-        size = most = 0
         if self.prefixes is not None:
             self.prefixes.turn()
+        pieces, size, most = self._pieces()
+        if pieces and not self._fits(size, most):
+            return [], []  # the pieces, and every sequence behind them, wait for rows to finish
         for sequence in self._waiting:
             if len(taken) == len(free):
                 break
@@ -230,17 +261,25 @@ class Scheduler:
                 # A stored prefix's bucket beside the rest's can take more columns than the whole
                 # prompt's: prefilled whole, it may fit where it would not reusing.
                 plan = self.prefixes.plan(sequence.ids, reusing=False)  # type: ignore[union-attr]
-            columns = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
+            reused = plan.reuse.count if plan is not None and plan.reuse else 0
+            in_pieces = self._in_pieces(len(sequence.ids) - reused)
+            if in_pieces:
+                # Its pieces start from its first token; what it keeps is planned at its last piece.
+                plan = None
+            if in_pieces:
+                columns = self.engine.piece
+            else:
+                columns = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
             bucket = max(size, columns)
             if not self._fits(bucket, needed):
                 break
             if plan is not None:
                 self.prefixes.commit(plan, sequence.ids)  # type: ignore[union-attr]
-            sequence.plan = plan
+            sequence.plan, sequence.in_pieces, sequence.prefilled = plan, in_pieces, 0
             taken.append(sequence)
             size, most = bucket, needed
-        if not taken:
-            return []
+        if not taken and not pieces:
+            return [], []
         if not self._spans and self.engine.clock != size:
             # No row holds anything: the clock goes back to where the bucket just fits, leaving every
             # later column to these requests and those joining them, without moving the cache.
@@ -251,13 +290,46 @@ class Scheduler:
             self.counters.shifts += 1
             self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
         clock = self.engine.clock
+        admitted = []
         for row, sequence in zip(free, taken):
             self._waiting.popleft()
             self._rows[row], sequence.row = sequence, row
+            if sequence.in_pieces:
+                pieces.append((row, sequence))
+                continue
+            admitted.append((row, sequence))
             plan = sequence.plan
             bucket = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
             self._spans[row] = (clock - bucket, clock + sequence.max_new)
-        return list(zip(free, taken))
+        for row, sequence in pieces:  # after its piece, its tokens so far end at the clock
+            self._spans[row] = (clock - self._piece_end(sequence), clock + sequence.max_new)
+        return admitted, pieces
+
+    def _pieces(self) -> tuple[list[tuple[int, Sequence]], int, int]:
+        """The rows partly prefilled, whose next piece runs this turn, with the columns before the clock
+        the one that needs most takes (its tokens so far and the piece's) and the most ``max_new`` among
+        them; for a last piece, what its prompt keeps in the prefix store is planned now (it runs in
+        the turn's first phase, so later ones may read the entry)."""
+        pieces = [
+            (row, sequence)
+            for row, sequence in enumerate(self._rows)
+            if sequence is not None and sequence.prefilling and not sequence.cancelled
+        ]
+        size = max((s.prefilled + self.engine.piece for _, s in pieces), default=0)
+        most = max((s.max_new for _, s in pieces), default=0)
+        for _, sequence in pieces:
+            if self.prefixes is not None and self._piece_end(sequence) == len(sequence.ids):
+                sequence.plan = self.prefixes.plan(sequence.ids, reusing=False)
+                self.prefixes.commit(sequence.plan, sequence.ids)
+        return pieces, size, most
+
+    def _piece_end(self, sequence: Sequence) -> int:
+        """Where the next piece of ``sequence``'s prompt ends: the first piece holds what whole pieces
+        leave over (so that its padding comes first and the prompt's tokens follow each other), every
+        later one ``piece`` tokens."""
+        if sequence.prefilled:
+            return sequence.prefilled + self.engine.piece
+        return len(sequence.ids) - (len(sequence.ids) - 1) // self.engine.piece * self.engine.piece
 
     def _fits(self, bucket: int, max_new: int) -> bool:
         """Whether a prompt bucket and ``max_new`` columns after it fit now: in an idle engine, whose
@@ -294,8 +366,11 @@ class Scheduler:
                 self._rows[free], self._rows[last], sequence.row = sequence, None, free
                 self._spans[free] = self._spans.pop(last)
 
-    def _admit(self, admitted: list[tuple[int, Sequence]]) -> None:
-        """Prefill the admitted sequences into their rows: one engine call per prompt bucket among them,
+    def _admit(
+        self, admitted: list[tuple[int, Sequence]], pieces: list[tuple[int, Sequence]]
+    ) -> None:
+        """Prefill this turn's pieces in one engine call (:meth:`_piece`), then the admitted sequences into
+        their rows: one engine call per prompt bucket among them,
         each call's first tokens delivered as it returns. A call pads its prompts into one bucket: prompts
         of a bucket go together, and a short prompt never pays for a long one's columns. The shortest
         bucket goes first: every sequence admitted waits for this turn's prefills before its second
@@ -303,6 +378,9 @@ class Scheduler:
         (docs/PERFORMANCE.md, "batched admission"). With prefix caching a sequence's
         :class:`~hfax.serve.prefixes.Plan` decides: the phase of the turn first, then the buckets of the
         stored prefix and of the rest; after each call, the prompts to keep are copied into the store."""
+        if pieces:
+            self._piece(pieces)
+            self._keep([(row, s) for row, s in pieces if not s.prefilling])
         groups: dict[tuple[int, int, int], list[tuple[int, Sequence]]] = {}
         for row, sequence in admitted:
             plan = sequence.plan
@@ -310,14 +388,38 @@ class Scheduler:
             groups.setdefault(key, []).append((row, sequence))
         for _, group in sorted(groups.items()):
             self._prefill(group)
-            kept = [
-                Kept(row, *sequence.plan.keep)
-                for row, sequence in group
-                if sequence.plan is not None and sequence.plan.keep is not None
-            ]
-            if kept:
-                self.engine.keep(kept)
-                self.counters.kept_prefixes += len(kept)
+            self._keep(group)
+
+    def _keep(self, prefilled: list[tuple[int, Sequence]]) -> None:
+        """Copy the prompts of ``prefilled`` that their plans keep into the prefix store."""
+        kept = [
+            Kept(row, *sequence.plan.keep)
+            for row, sequence in prefilled
+            if sequence.plan is not None and sequence.plan.keep is not None
+        ]
+        if kept:
+            self.engine.keep(kept)
+            self.counters.kept_prefixes += len(kept)
+
+    def _piece(self, pieces: list[tuple[int, Sequence]]) -> None:
+        """Prefill the next piece of each of ``pieces`` in one engine call, and deliver the first token
+        of each prompt it ends."""
+        calls = []
+        for row, sequence in pieces:
+            end = self._piece_end(sequence)
+            allowed = None
+            if sequence.constraint is not None and end == len(sequence.ids):
+                allowed = self._allowed([sequence], 1)[0]
+            admission = Admission(row, sequence.ids, sequence.sampling, sequence.max_new, allowed)
+            calls.append(Piece(admission, sequence.prefilled, end))
+        choices = self.engine.prefill(calls)
+        self.counters.prefill_pieces += len(calls)
+        for (_, sequence), call in zip(pieces, calls):
+            sequence.prefilled = call.end
+        self._started(
+            [(row, s) for (row, s), chosen in zip(pieces, choices) if chosen is not None],
+            [chosen for chosen in choices if chosen is not None],
+        )
 
     def _prefill(self, admitted: list[tuple[int, Sequence]]) -> None:
         """Prefill ``admitted`` in one engine call, and deliver each first token."""
@@ -332,7 +434,10 @@ class Scheduler:
             )
             for row, sequence in admitted
         ]
-        choices = self.engine.admit(requests)
+        self._started(admitted, self.engine.admit(requests))
+
+    def _started(self, admitted: list[tuple[int, Sequence]], choices: list[dict[str, Any]]) -> None:
+        """Deliver each admitted sequence's first token, its prompt now whole in its row."""
         now = time.perf_counter()
         ended = []
         for (row, sequence), chosen in zip(admitted, choices):
@@ -372,7 +477,7 @@ class Scheduler:
         completed = []
         with self._wake:
             for row, sequence in enumerate(self._rows):
-                if sequence is None or sequence.cancelled:
+                if sequence is None or sequence.cancelled or sequence.prefilling:
                     continue
                 n = int(count[row])
                 ids = chunk.tokens[row, :n].tolist()

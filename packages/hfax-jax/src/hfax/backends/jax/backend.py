@@ -53,10 +53,17 @@ class JaxBackend(Backend):
         return True
 
     def serving_engine(
-        self, model: Any, *, slots: int, length: int, chunk: int, prefixes: int = 0
+        self,
+        model: Any,
+        *,
+        slots: int,
+        length: int,
+        chunk: int,
+        prefixes: int = 0,
+        piece: int = 0,
     ) -> Any:
         """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
         from hfax.backends.jax.slots import SlotEngine
 
         model.check_can_generate()
-        return SlotEngine(model, slots, length, chunk, prefixes=prefixes)
+        return SlotEngine(model, slots, length, chunk, prefixes=prefixes, piece=piece)

@@ -12,6 +12,9 @@
     engine.keep([Kept(row, entry, count), ...])       a prompt's first tokens into the prefix store (one program)
     engine.admit([Admission(..., reuse=Reuse(entry, count)), ...])
                                                       prefill prompts after their stored prefixes (one program)
+    engine.prefill([Piece(admission, start, end), ...])
+                                                      the next piece of long prompts, between decode chunks
+                                                                                                  (one program)
 
 The cache holds ``length`` columns per row. All rows write the token they feed at the same column, the
 ``clock``, which advances by one per decode step, so one step is exactly the forward of
@@ -50,6 +53,30 @@ buckets (stored, rest) and power of two of requests when first needed, and a kee
 of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
 (``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
 the openai client, against transformers) check it.
+
+Prefilling in pieces. With ``piece`` above 0 a long prompt can be prefilled a :class:`Piece` at a time
+(:meth:`SlotEngine.prefill`, :func:`piece_program`), with decode chunks of the other rows between pieces,
+so that they keep streaming while it prefills. The short piece goes first (what whole pieces leave
+over, left-padded into ``piece`` columns), every later one holds ``piece`` tokens. Each piece is
+written into columns ``[clock - piece, clock)`` of its row at its own positions, after the row's earlier
+tokens have been moved (a roll of that row alone) to end just before it: so the prompt's tokens always
+sit in consecutive columns ending at the clock, as a prompt prefilled whole does, and after its last
+piece the row is one a whole prefill would have made, up to which columns hold padding. The columns
+the decode steps between pieces wrote into the reserved row (every row writes at the clock) end up
+past the clock or under the next piece, and ``valid`` hides them. The row stays finished (it produces
+no token) until its last piece, which chooses its first token. Why the tokens are those of a whole
+prefill: keys and values at a position depend only on the tokens up to it, each query sees exactly its
+prompt's earlier tokens, and every column distance between two of them is their position distance, so
+sliding windows and chunked attention see what they see in a whole prefill (the tiny Gemma 3 of
+packages/hfax-jax/tests/test_slots.py, window 4, checks it). Only a window counted back from the first
+query of a forward (``Span.cached_only``) would see otherwise; such a model's prompts are prefilled
+whole (:func:`split_refusal`, the rule prefix caching answers to as well). Programs: one per power of
+two of pieces prefilled together, each piece padded into ``piece`` columns, and ``hfax serve`` compiles
+them all when the engine is made (:func:`hfax.serve.engine`), so a long prompt compiles nothing while
+serving; with a first token ``allowed`` (a grammar) its own program per power of two, when first
+needed. packages/hfax-jax/tests/test_slots.py
+(``test_a_long_prompt_prefilled_in_pieces_beside_a_decoding_row_gets_its_generate_tokens``) and
+tests/test_serve.py (``test_a_long_prompt_prefilled_in_pieces_answers_as_transformers``) check it.
 
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
@@ -91,7 +118,7 @@ from hfax.generation.shapes import (
     cache_argument,
     no_static_cache,
 )
-from hfax.generation.slots import Admission, Chunk, Kept, Scored
+from hfax.generation.slots import Admission, Chunk, Kept, Piece, Scored
 
 
 def check_servable(model: Any, length: int) -> None:
@@ -304,6 +331,78 @@ def reuse_program(
     )
 
 
+def piece_program(
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    ids: Any,
+    mask: Any,
+    row: Any,
+    done: Any,
+    end: Any,
+    last: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+    static: SlotStatic,
+) -> tuple[Any, Any]:
+    """The next piece of ``k`` prompts prefilled in pieces: ``ids``/``mask`` (``[k, piece]``, left-padded;
+    only a prompt's first piece is short) at positions ``done, done + 1, ...``, where ``done`` (``[k]``)
+    counts the prompt tokens each row ``row`` holds already, the last of them at column ``end - 1``.
+    Those earlier tokens move (with their visibility) to end at column ``clock - piece``, the piece
+    attends to them and to itself and is written into ``[clock - piece, clock)``, so the prompt's tokens
+    sit in consecutive columns ending at the clock, as a prompt prefilled whole does; the columns decode
+    steps wrote into the row meanwhile end up past the clock or under the piece, hidden. Rows whose piece
+    is ``last`` choose their first token with their ``settings`` and decode from then on; the others
+    stay finished (their row reserved, producing nothing). Returns the state and every row's
+    :func:`rows.choose` output (``[k, ...]``; read only for the ``last`` ones)."""
+    piece = ids.shape[1]
+    count, length = state["valid"].shape
+    first = state["clock"] - piece
+    axes = _slot_axes(model, static.step)
+    delta = jnp.where(done > 0, first - end, 0)  # how far each row's earlier tokens move
+
+    def moved(value: Any, axis: int) -> Any:
+        """Rows ``row`` of ``value``, each rolled ``delta`` columns along ``axis``."""
+        taken = jnp.take(value, row, axis=0, mode="clip")
+        return jax.vmap(lambda x, d: jnp.roll(x, d, axis=axis - 1))(taken, delta)
+
+    for layer in state["states"]:
+        for name in layer:
+            if name not in axes:
+                raise NotImplementedError(
+                    f"hfax serve cannot place a layer state {name!r} into a row"
+                )
+    states = [
+        {name: moved(value, axes[name]) for name, value in layer.items()}
+        for layer in state["states"]
+    ]
+    source = jnp.arange(length)[None, :] - delta[:, None]  # where each column's contents come from
+    earlier = (
+        moved(state["valid"], 1)
+        & (source >= 0)
+        & (source < length)
+        & (jnp.arange(length)[None, :] < first)
+        & (done[:, None] > 0)
+    )
+    own = jax.lax.dynamic_update_slice(jnp.zeros(earlier.shape, bool), mask, (0, first))
+    visible = earlier | own
+    positions = jnp.where(mask, done[:, None] + jnp.cumsum(mask, axis=1) - 1, 1)
+    window = Window(ids, positions, visible, first + jnp.arange(piece), first)
+    forward = Forward(model, static.step, static.layout, params)
+    logits, written, _ = forward.decoder(window, states)
+    states = [
+        {name: big[name].at[row].set(value.astype(big[name].dtype), mode="drop")
+         for name, value in layer.items()}
+        for big, layer in zip(state["states"], written)
+    ]  # fmt: skip
+    valid = state["valid"].at[row].set(visible, mode="drop")
+    counted = done + jnp.sum(mask, axis=1, dtype=jnp.int32)
+    starting = jnp.where(last, row, count)  # rows still prefilling keep their (finished) settings
+    table, chosen = _started(state["rows"], logits, counted, starting, settings, eos, allowed)
+    return {**state, "states": states, "valid": valid, "rows": table}, chosen
+
+
 def _prefilled(
     model: Any,
     params: Any,
@@ -344,9 +443,25 @@ def _prefilled(
         jnp.zeros((row.shape[0], length), bool), window.valid, (0, first)
     )
     valid = state["valid"].at[row].set(rows_valid, mode="drop")
+    table, chosen = _started(state["rows"], logits, counted, row, settings, eos, allowed)
+    return {**state, "states": states, "valid": valid, "rows": table}, chosen
+
+
+def _started(
+    table: dict[str, Any],
+    logits: Any,
+    counted: Any,
+    row: Any,
+    settings: dict[str, Any],
+    eos: Any,
+    allowed: Any,
+) -> tuple[dict[str, Any], Any]:
+    """Each prompt's first token chosen from its last position's ``logits`` (``[k, vocab]``) with its own
+    ``settings``, and the row table with rows ``row`` (``[k]``; ``slots`` or more: padding, written
+    nowhere) set to decode after their ``counted`` prompt tokens."""
+    count = table["finished"].shape[0]
     live = row < count
-    vocab = state["rows"]["counts"].shape[1]
-    none = jnp.zeros((row.shape[0], vocab), jnp.int32)  # nothing generated before the first token
+    none = jnp.zeros((row.shape[0], logits.shape[-1]), jnp.int32)  # nothing generated yet
     zero = jnp.zeros((row.shape[0],), jnp.int32)
     chosen = _choose(logits, {**settings, "counts": none}, zero, live, allowed)
     token = chosen["token"]
@@ -358,10 +473,8 @@ def _prefilled(
         "step": zero + 1,
         "finished": _is_eos(token, eos) | (settings["limit"] <= 1),
     }
-    table = {
-        name: state["rows"][name].at[row].set(value, mode="drop") for name, value in per_row.items()
-    }
-    return {**state, "states": states, "valid": valid, "rows": table}, chosen
+    table = {name: table[name].at[row].set(value, mode="drop") for name, value in per_row.items()}
+    return table, chosen
 
 
 def keep_program(
@@ -410,11 +523,22 @@ def store_program(model: Any, state: dict[str, Any], sizes: Any, static: Static)
     ]
 
 
-def prefix_refusal(model: Any) -> str:
-    """Why ``model`` gets no prefix store (``""`` when it may): the store is exact where every layer
-    attends to every earlier token by position, and a reused prefix sits at other columns than a prompt
-    prefilled whole, before a gap (:mod:`hfax.backends.jax.slots`)."""
+def split_refusal(model: Any, *, gap: bool) -> str:
+    """Why a prompt of ``model`` cannot be prefilled in more than one forward and get the tokens it gets
+    prefilled whole (``""`` when it can): in pieces ending at the clock (``gap`` false, :func:`piece_program`:
+    every token keeps its column relative to the clock), or after a stored prefix across a gap of
+    padding (``gap``, :func:`reuse_program`: columns no longer follow positions). Either way a forward
+    starts mid-prompt, which a window counted back from a forward's first query (``Span.cached_only``)
+    sees; across a gap, so does every window or chunk counted in columns. The same rule answers for
+    prefix caching (``prefix_refusal``) and prefilling in pieces (``piece_refusal``)."""
     form = masks.form(model.config, model.module)
+    name = type(model.module).__name__
+    started = [kind for kind, span in form.spans if span.cached_only and span.window is not None]
+    if started:
+        return (
+            f"{name}'s {', '.join(started)} layers count their window back from the first token of "
+            "each forward, so a prompt split over forwards sees other tokens than one prefilled whole"
+        )
     bounded = [
         f"{kind} layers see a sliding window of {span.window} tokens"
         if span.window is not None
@@ -422,10 +546,10 @@ def prefix_refusal(model: Any) -> str:
         for kind, span in form.spans
         if span.window is not None or span.chunk is not None
     ]
-    if bounded:
+    if gap and bounded:
         return (
-            f"{type(model.module).__name__}'s {', '.join(bounded)}, counted in cache columns; prefix "
-            "caching keeps only models whose layers all see every earlier token"
+            f"{name}'s {', '.join(bounded)}, counted in cache columns; prefix caching keeps only "
+            "models whose layers all see every earlier token"
         )
     return ""
 
@@ -603,9 +727,9 @@ def release_program(model: Any, state: dict[str, Any], free: Any, static: Static
 
 
 class SlotEngine:
-    """``slots`` rows of a ``length``-column cache, and a store of ``prefixes`` prompt prefixes of up to
-    ``prefix_length`` tokens (default: half a row): the JAX backend's
-    :class:`hfax.generation.slots.SlotEngine`."""
+    """``slots`` rows of a ``length``-column cache, a store of ``prefixes`` prompt prefixes of up to
+    ``prefix_length`` tokens (default: half a row), and prompts prefilled in pieces of up to ``piece``
+    tokens (0: whole): the JAX backend's :class:`hfax.generation.slots.SlotEngine`."""
 
     def __init__(
         self,
@@ -615,8 +739,14 @@ class SlotEngine:
         chunk: int,
         prefixes: int = 0,
         prefix_length: int | None = None,
+        piece: int = 0,
     ) -> None:
         check_servable(model, length)
+        if not 0 <= piece < length:
+            raise ValueError(
+                f"a prefill piece takes fewer tokens than a row's {length} columns, not {piece} "
+                "(0: every prompt prefilled whole)"
+            )
         if model.mesh is not None and slots % mesh.batch_multiple(model.mesh):
             raise ValueError(
                 f"--max-batch {slots} must be a multiple of the mesh's batch axes "
@@ -634,7 +764,9 @@ class SlotEngine:
         self.state = program(model.params, valid, table, static=self._decode_static)
         self.clock = 0  # the host's copy of the device's clock
         self.vocab = int(self.state["rows"]["counts"].shape[1])
-        self.prefix_refusal = prefix_refusal(model) if prefixes else ""
+        self.prefix_refusal = split_refusal(model, gap=True) if prefixes else ""
+        self.piece_refusal = split_refusal(model, gap=False) if piece else ""
+        self.piece = 0 if self.piece_refusal else piece
         self.prefixes = 0 if self.prefix_refusal else prefixes
         most = bucket(max(length // 2, 1), MIN_LENGTH_BUCKET)  # half a row, in whole buckets
         if most > max(length // 2, MIN_LENGTH_BUCKET):
@@ -735,6 +867,105 @@ class SlotEngine:
             self._prompts[request.row] = (list(request.ids), columns)
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
+
+    def prefill(self, pieces: Sequence[Piece]) -> list[dict[str, Any] | None]:
+        """Prefill the next piece of each prompt into its row, every piece padded into ``piece`` columns
+        ending at the clock, in one program (:func:`piece_program`; one per power of two of pieces,
+        padding rows write nothing); returns, for each piece that ends its prompt, its first token's
+        choice on the host (among its ``allowed`` tokens when given), and ``None`` for the others."""
+        self._check_pieces(pieces)
+        size, count = self.piece, min(self.slots, bucket(len(pieces), 1))
+        ids = np.zeros((count, size), np.int32)
+        mask = np.zeros((count, size), bool)
+        mask[:, -1] = (
+            True  # a padding row's piece is one token: every row's attention sees something
+        )
+        row = np.full((count,), self.slots, np.int32)  # padding rows: no row of the engine
+        done, end = np.zeros((count,), np.int32), np.zeros((count,), np.int32)
+        last = np.zeros((count,), bool)
+        for i, piece in enumerate(pieces):
+            request, n = piece.admission, piece.end - piece.start
+            ids[i, size - n :], mask[i, size - n :] = request.ids[piece.start : piece.end], True
+            row[i], done[i] = request.row, piece.start
+            end[i] = self._prompts[request.row][1][-1] + 1 if piece.start else 0
+            last[i] = piece.end == len(request.ids)
+        requests = [piece.admission for piece in pieces]
+        per_row = [{**r.sampling.arrays(), "limit": np.int32(r.max_new)} for r in requests]
+        per_row += [{**rows.Sampling().arrays(), "limit": np.int32(0)}] * (count - len(requests))
+        settings = {name: np.stack([one[name] for one in per_row]) for name in per_row[0]}
+        allowed = None
+        if any(r.allowed is not None and ends for r, ends in zip(requests, last)):
+            bits = np.full((count, (self.vocab + 31) // 32), -1, np.int32)
+            for i, request in enumerate(requests):
+                if request.allowed is not None:
+                    bits[i] = request.allowed
+            allowed = self._replicate(bits)
+        program = self.model.program("serve_piece", piece_program, donate=("state",))
+        static = SlotStatic(_static(self.model, size, self.chunk), self._layout)
+        self.state, chosen = program(
+            self.model.params, self.state, *self._replicate((ids, mask, row, done, end, last, settings)),
+            self.eos, allowed, static=static,
+        )  # fmt: skip
+        for piece in pieces:
+            prompt = list(piece.admission.ids[: piece.end])
+            columns = (self.clock - piece.end + np.arange(piece.end)).astype(np.int32)
+            self._prompts[piece.admission.row] = (prompt, columns)
+        host = {name: np.asarray(value) for name, value in chosen.items()}
+        return [
+            {name: value[i] for name, value in host.items()} if last[i] else None
+            for i in range(len(pieces))
+        ]
+
+    def _check_pieces(self, pieces: Sequence[Piece]) -> None:
+        """Refuse what :meth:`prefill` cannot do, before anything runs."""
+        if not self.piece:
+            raise ValueError(
+                "this engine prefills every prompt whole"
+                + (
+                    f": {self.piece_refusal}"
+                    if self.piece_refusal
+                    else " (it was made with piece=0)"
+                )
+            )
+        self._check([piece.admission for piece in pieces])
+        most = max(piece.start for piece in pieces) + self.piece
+        if most > self.clock:
+            raise ValueError(
+                f"these pieces take {most} columns before the clock, which is at {self.clock}: shift "
+                "or restart the engine first"
+            )
+        for piece in pieces:
+            request = piece.admission
+            if request.reuse is not None:
+                raise ValueError(
+                    f"row {request.row}'s prompt is prefilled in pieces: it reuses no stored prefix"
+                )
+            if not 0 <= piece.start < piece.end <= len(request.ids) or (
+                piece.end - piece.start > self.piece
+            ):
+                raise ValueError(
+                    f"row {request.row}: a piece takes 1 to {self.piece} tokens of its prompt of "
+                    f"{len(request.ids)}, not [{piece.start}, {piece.end})"
+                )
+            if not piece.start:
+                continue
+            if piece.end - piece.start != self.piece:
+                raise ValueError(
+                    f"row {request.row}: a piece after a prompt's first holds {self.piece} tokens, not "
+                    f"{piece.end - piece.start} (the short piece goes first, so that the prompt's tokens "
+                    "sit in consecutive columns)"
+                )
+            held, where = self._prompts.get(request.row, ([], np.zeros((0,), np.int32)))
+            if held != list(request.ids[: piece.start]):
+                raise ValueError(
+                    f"row {request.row} holds {len(held)} tokens of another prompt, not the first "
+                    f"{piece.start} of this one: prefill a prompt's pieces in order, from its first"
+                )
+            if where.min() < 0 or where.max() >= self.clock:
+                raise ValueError(
+                    f"row {request.row}'s earlier pieces were moved out of its row or past the clock: "
+                    "its prompt cannot continue"
+                )
 
     def keep(self, kept: Sequence[Kept]) -> None:
         """Copy each :class:`Kept`'s prompt tokens from its row into its store entry (:func:`keep_program`,
