@@ -15,8 +15,8 @@ import transformers
 
 import hfax
 from hfax.plugins import backends
+from hfax.testing import ENCODER_SIZES as ENCODER
 from hfax.testing import as_numpy, save_tiny
-from hfax.testing.configs import ENCODER_SIZES as ENCODER
 
 BACKENDS = [name for name in ("jax", "torch_xla") if name in backends()]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no hfax backend is installed")

@@ -34,6 +34,7 @@ from hfax.testing.checkpoints import (
     tiny_models,
 )
 from hfax.testing.configs import (
+    ENCODER_SIZES,
     IMAGE_TOKEN,
     IMAGE_TOKENS,
     MULTIMODAL,
@@ -61,6 +62,7 @@ from hfax.testing.references import (
 from hfax.testing.shrink import shrunk_config
 
 __all__ = [
+    "ENCODER_SIZES",
     "IMAGE_TOKEN",
     "IMAGE_TOKENS",
     "MULTIMODAL",
