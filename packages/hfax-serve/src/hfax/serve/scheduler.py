@@ -265,9 +265,7 @@ class Scheduler:
             in_pieces = self._in_pieces(len(sequence.ids) - reused)
             if in_pieces:
                 # Its pieces start from its first token; what it keeps is planned at its last piece.
-                plan = None
-            if in_pieces:
-                columns = self.engine.piece
+                plan, columns = None, self.engine.piece
             else:
                 columns = self.engine.bucket(len(sequence.ids)) if plan is None else plan.columns
             bucket = max(size, columns)
