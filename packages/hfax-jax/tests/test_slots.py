@@ -362,3 +362,35 @@ def test_a_long_prompt_prefilled_in_pieces_beside_a_decoding_row_gets_its_genera
         got += chunk.logprobs[2, : chunk.count[2]].tolist()
     assert tokens[2] == expected and tokens[0] == running
     np.testing.assert_allclose(got, logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_decodes_over_a_short_window_of_columns_get_their_generate_tokens(tiny, name):
+    # Rows of 160 columns with a short window of 32: while the unfinished rows' tokens (and the chunk's
+    # steps) fit 32 columns, a decode runs over those 32 alone, then over whole rows. A 20-token prompt
+    # alone fills its window exactly at its last chunk (20 + 3 chunks of 4); then rows join, the cache
+    # shifts left and right, and a 70-token prompt needs whole rows from its start. Every request gets
+    # generate's tokens; Gemma 3's sliding layer (a window of 4) sees the same column distances.
+    _, _, model = tiny(name)
+    prompts = [LONG[:20], *PROMPTS, LONG]
+    greedy = [_generated(model, p, do_sample=False) for p in prompts]
+    engine = SlotEngine(model, slots=4, length=160, chunk=4, window=32)
+    assert engine.windows == (32, 160)
+    chosen = []
+    window = engine._window
+    engine._window = lambda steps, rows: chosen.append(window(steps, rows)) or chosen[-1]
+    assert _run(engine, [[100, (0, LONG[:20], Sampling(0.0))]]) == {0: greedy[0]}
+    assert chosen == [(72, 32), (76, 32), (80, 32)]  # the last starts at the row's first column, 80
+    schedule = [
+        [-12, (0, PROMPTS[0], Sampling(0.0))],
+        [(1, PROMPTS[2], Sampling(0.0))],
+        [-30, (2, PROMPTS[1], Sampling(0.0))],
+        [],
+        [50, (3, LONG, Sampling(0.0))],  # its bucket of 128 columns ends at the clock, 136
+    ]
+    tokens = _run(engine, schedule)
+    assert [tokens[row] for row in range(4)] == [greedy[1], greedy[3], greedy[2], greedy[4]]
+    widths = [columns for _, columns in chosen[3:]]
+    assert widths[:2] == [32, 32] and 160 in widths, chosen
+    with pytest.raises(ValueError, match="short decode window"):
+        SlotEngine(model, slots=4, length=160, chunk=4, window=160)

@@ -75,7 +75,8 @@ def engine(
 ) -> SlotEngine:
     """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`) with a store of
     ``prefixes`` prompt prefixes and prompts longer than ``piece`` tokens prefilled in pieces, its
-    programs compiled by throwaway requests: for every power of two of busy rows a decode program, a
+    programs compiled by throwaway requests: for every power of two of busy rows a decode program (over
+    the engine's short window of columns, if it has one, and over whole rows), a
     prefill of that many one-token prompts admitted together (requests arriving together, or one
     request's ``n`` choices, then compile nothing until a longer prompt comes), and a prefill of that
     many pieces (long prompts then compile nothing)."""
@@ -101,6 +102,11 @@ def engine(
             rows *= 2
     slot_engine.move(0, 0)
     slot_engine.release(np.ones((slots,), bool))
+    rows = 1
+    while rows < 2 * slots:  # with no row busy: a decode over whole rows, which runs no step
+        slot_engine.decode(1, min(rows, slots))
+        slot_engine.read()
+        rows *= 2
     slot_engine.shift(0)
     slot_engine.restart(0)  # and the warm-up's columns hidden
     return slot_engine

@@ -67,15 +67,17 @@ def transposed_weights(model: Any, rows: int, steps: int) -> frozenset[str]:
     """The ``nn.Linear`` weights a loop of ``steps`` steps over ``rows`` rows reads from an ``[in, out]``
     copy, on one CPU device.
 
-    XLA:CPU multiplies a few rows by an ``[in, out]`` matrix faster than by PyTorch's ``[out, in]``; one
-    row (a matrix-vector product) reads ``[out, in]`` as fast or faster. The copy is made before the loop,
-    holds memory while it runs and costs some steps' savings: so for float32 from two rows, for 16-bit
-    weights from eight, and only for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more. A weight tied
-    to another (an embedding that is also the output layer) keeps its layout, which its other use wants.
+    XLA:CPU multiplies a few rows by 16-bit weights faster from an ``[in, out]`` copy than from PyTorch's
+    ``[out, in]``; one row (a matrix-vector product) reads ``[out, in]`` as fast or faster. The copy is
+    made before the loop, holds memory while it runs and costs some steps' savings: so from eight rows,
+    and only for loops of :data:`TRANSPOSE_FROM_STEPS` steps or more. float32 weights keep their layout:
+    :func:`hfax.backends.jax.lowerings.linear` multiplies a few rows by them columns first, faster than
+    from a copy, and a copy would defeat it (each step would transpose it back). A weight tied to another
+    (an embedding that is also the output layer) keeps its layout, which its other use wants.
     """
     if model.platform != "cpu" or model.mesh is not None or steps < TRANSPOSE_FROM_STEPS:
         return frozenset()
-    if rows < (8 if reads_16_bits(model) else 2):
+    if not reads_16_bits(model) or rows < 8:
         return frozenset()
     uses = collections.Counter(
         id(tensor) for _, tensor in model.module.named_parameters(remove_duplicate=False)

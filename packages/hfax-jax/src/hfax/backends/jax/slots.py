@@ -30,7 +30,18 @@ left (or right) by the same amount, one copy of the cache.
 Per-row sampling settings, seeds, steps and token limits are traced arrays (:mod:`hfax.generation.rows`),
 so a stream of requests compiles one prefill per prompt bucket and power of two of requests admitted
 together (``k`` is padded with rows that are computed and written nowhere), one decode per power of two of
-busy rows, and one each of shift, move, restart, release and start.
+busy rows and window (below), and one each of shift, move, restart, release and start.
+
+Decode windows. A decode runs over the leading rows only, and over the fewest columns of
+:attr:`SlotEngine.windows` (a short window, :func:`short_window`, then whole rows) that hold every column
+its unfinished rows hold and the columns its steps write: :func:`_leading` copies those columns out, runs
+the steps, and writes them back. Why the tokens are those of whole rows: every column outside the window
+holds nothing an unfinished row's query sees (``valid`` hides it), and inside it the distance between
+two columns is unchanged, so sliding windows and chunked attention see what they see over whole rows. The
+host knows each row's first column (:meth:`SlotEngine.admit`, the last :meth:`SlotEngine.prefill` piece,
+moved by shifts and moves, dropped once a read shows the row finished or it is released).
+packages/hfax-jax/tests/test_slots.py
+(``test_decodes_over_a_short_window_of_columns_get_their_generate_tokens``) checks it.
 
 Prefix caching. With ``prefixes`` entries the engine holds a store beside the cache: per layer, arrays
 shaped as the cache's but ``[prefixes, ..., prefix_length, ...]``. :meth:`SlotEngine.keep` gathers the
@@ -171,6 +182,7 @@ class SlotStatic:
     step: Static
     layout: decode_layout.DecodeLayout
     rows: int = 0  # decode: how many leading rows it runs
+    columns: int = 0  # decode: how many columns of them, from a traced start (0: all)
     held: int = 0  # a prefill reusing stored prefixes: the columns of each entry it reads
 
 
@@ -574,11 +586,19 @@ def score_program(
 
 
 def decode_program(
-    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+    model: Any,
+    params: Any,
+    state: dict[str, Any],
+    steps: Any,
+    eos: Any,
+    start: Any,
+    static: SlotStatic,
 ) -> dict[str, Any]:
     """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
-    free), in one loop over those rows only: a batch with few requests costs what few rows cost."""
-    return _leading(model, params, state, steps, eos, None, static)
+    free), in one loop over those rows only, and over their ``static.columns`` columns from ``start`` on
+    (:func:`_leading`): a batch with few requests, or short ones, costs what few rows, or the columns
+    they hold, cost."""
+    return _leading(model, params, state, steps, eos, None, start, static)
 
 
 def step_program(
@@ -586,8 +606,8 @@ def step_program(
 ) -> dict[str, Any]:
     """One new token in every unfinished row among the first ``static.rows``, each chosen among the
     tokens its row of ``allowed`` (``[slots, ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) lets it
-    choose: :func:`decode_program`'s step for a batch in which a row has a grammar."""
-    return _leading(model, params, state, jnp.int32(1), eos, allowed, static)
+    choose: :func:`decode_program`'s step for a batch in which a row has a grammar (over every column)."""
+    return _leading(model, params, state, jnp.int32(1), eos, allowed, jnp.int32(0), static)
 
 
 def _leading(
@@ -597,22 +617,67 @@ def _leading(
     steps: Any,
     eos: Any,
     allowed: Any,
+    start: Any,
     static: SlotStatic,
 ) -> dict[str, Any]:
-    """:func:`_decode` over the first ``static.rows`` rows only (and their rows of ``allowed``), the rest
-    of the state left as it is."""
-    slots = state["valid"].shape[0]
-    if static.rows == slots:
+    """:func:`_decode` over the first ``static.rows`` rows only (and their rows of ``allowed``), and over
+    the ``static.columns`` columns from ``start`` on (0: every column), the rest of the state left as it
+    is. Every column an unfinished row holds, and those the steps write, must lie in that window: a
+    query then attends to the keys it attends to over the whole row (the others are hidden by ``valid``),
+    at the same column distances, so sliding windows see what they see over the whole row."""
+    slots, length = state["valid"].shape
+    rows, columns = static.rows, static.columns or length
+    if rows == slots and columns == length:
         return _decode(model, params, state, steps, eos, allowed, static)
     if allowed is not None:
-        allowed = allowed[: static.rows]
-    head = {name: jax.tree.map(lambda x: x[: static.rows], state[name]) for name in ROW_PARTS}
-    head = _decode(model, params, {**head, "clock": state["clock"]}, steps, eos, allowed, static)
+        allowed = allowed[:rows]
+    axes = {**_slot_axes(model, static.step), "valid": 1}
+
+    def cut(name: str, value: Any) -> Any:
+        value = value[:rows]
+        if name in axes and columns < length:
+            value = jax.lax.dynamic_slice_in_dim(value, start, columns, axis=axes[name])
+        return value
+
+    def put(name: str, whole: Any, part: Any) -> Any:
+        at = [jnp.int32(0)] * whole.ndim
+        if name in axes and columns < length:
+            at[axes[name]] = start
+        return jax.lax.dynamic_update_slice(whole, part, at)
+
+    head = {
+        "states": [{name: cut(name, v) for name, v in layer.items()} for layer in state["states"]],
+        "valid": cut("valid", state["valid"]),
+        "rows": jax.tree.map(lambda x: x[:rows], state["rows"]),
+        "clock": state["clock"] - start,
+    }
+    head = _decode(model, params, head, steps, eos, allowed, static)
     out = _output(slots, static.step.decoding.capacity)
-    whole = {**state, "out": out}
-    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=0, axis=0)
-    merged = {name: jax.tree.map(put, whole[name], head[name]) for name in (*ROW_PARTS, "out")}
-    return {**state, **merged, "clock": head["clock"]}
+    states = [
+        {name: put(name, v, head["states"][i][name]) for name, v in layer.items()}
+        for i, layer in enumerate(state["states"])
+    ]
+    merged = {
+        "states": states,
+        "valid": put("valid", state["valid"], head["valid"]),
+        "rows": jax.tree.map(functools.partial(put, ""), state["rows"], head["rows"]),
+        "out": jax.tree.map(functools.partial(put, ""), out, head["out"]),
+    }
+    return {**state, **merged, "clock": head["clock"] + start}
+
+
+#: The fewest columns :func:`short_window` gives a decode.
+MIN_WINDOW = 128
+
+
+def short_window(length: int) -> int:
+    """The columns a decode runs over, by default, while its unfinished rows hold few enough tokens: a
+    quarter of a row of ``length`` columns, from :data:`MIN_WINDOW` on (0: every decode runs over the
+    whole row). Every step attends to each column it runs over and the decode copies them in and out,
+    so a short window costs less while requests are short. Each window is a decode program per power of
+    two of rows, so one short window (not a ladder of them) doubles the decode programs compiled when the
+    engine is made; under ``MIN_WINDOW`` columns the copy costs about what the window saves."""
+    return length // 4 if length // 4 >= MIN_WINDOW else 0
 
 
 #: The parts of the state that hold one entry per row.
@@ -740,8 +805,15 @@ class SlotEngine:
         prefixes: int = 0,
         prefix_length: int | None = None,
         piece: int = 0,
+        window: int | None = None,
     ) -> None:
         check_servable(model, length)
+        window = short_window(length) if window is None else window
+        if not 0 <= window < length:
+            raise ValueError(
+                f"a short decode window takes fewer columns than a row's {length}, not {window} "
+                "(0: every decode runs over the whole row)"
+            )
         if not 0 <= piece < length:
             raise ValueError(
                 f"a prefill piece takes fewer tokens than a row's {length} columns, not {piece} "
@@ -783,6 +855,11 @@ class SlotEngine:
         # move), and of each store entry's tokens: what keep and a reuse check against.
         self._prompts: dict[int, tuple[list[int], np.ndarray]] = {}
         self._held: dict[int, list[int]] = {}
+        # The first column of every row that may be unfinished (what a decode's window must hold), and
+        # whether a decode has run since the clock was last read.
+        self._first: dict[int, int] = {}
+        self._unread = False
+        self.windows = (window, length) if window else (length,)
 
     def _replicate(self, tree: Any) -> Any:
         return mesh.replicate(tree, self.model.mesh)
@@ -865,6 +942,7 @@ class SlotEngine:
                 [first + np.arange(n), self.clock - rest + np.arange(rest)]
             ).astype(np.int32)
             self._prompts[request.row] = (list(request.ids), columns)
+            self._first[request.row] = int(columns.min())
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
 
@@ -910,6 +988,8 @@ class SlotEngine:
             prompt = list(piece.admission.ids[: piece.end])
             columns = (self.clock - piece.end + np.arange(piece.end)).astype(np.int32)
             self._prompts[piece.admission.row] = (prompt, columns)
+            if piece.end == len(piece.admission.ids):  # the row decodes from now on
+                self._first[piece.admission.row] = int(columns[0])
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [
             {name: value[i] for name, value in host.items()} if last[i] else None
@@ -1088,14 +1168,31 @@ class SlotEngine:
             bits = self._replicate(np.asarray(allowed, np.int32))
             self.state = program(self.model.params, self.state, self.eos, bits, static=static)
             return
+        start, columns = self._window(steps, rows)
+        static = dataclasses.replace(static, columns=0 if columns == self.length else columns)
         program = self.model.program("serve_decode", decode_program, donate=("state",))
-        limit = self._replicate(np.int32(steps))
-        self.state = program(self.model.params, self.state, limit, self.eos, static=static)
+        limit, start = self._replicate((np.int32(steps), np.int32(start)))
+        self.state = program(self.model.params, self.state, limit, self.eos, start, static=static)
+        self._unread = True
+
+    def _window(self, steps: int, rows: int) -> tuple[int, int]:
+        """``(start, columns)``: the fewest columns of :attr:`windows` that hold every column an
+        unfinished row among the first ``rows`` holds, and the ``steps`` columns from the clock on, which
+        the decode writes. Every column if the clock moved unread, or if no row is unfinished (the
+        decode then runs no step: :func:`hfax.serve.engine` compiles the whole-row programs so)."""
+        firsts = [c for r, c in self._first.items() if r < rows]
+        if self._unread or not firsts:
+            return 0, self.length
+        end = min(self.clock + steps, self.length)
+        columns = next(w for w in self.windows if w >= end - max(min(firsts), 0))
+        return min(max(end - columns, 0), self.length - columns), columns
 
     def read(self) -> Chunk:
         out, finished = self.state["out"], self.state["rows"]["finished"]
         _wait((out, finished))
-        self.clock = int(self.state["clock"])
+        self.clock, self._unread = int(self.state["clock"]), False
+        done = np.asarray(finished)
+        self._first = {row: c for row, c in self._first.items() if not done[row]}
         return Chunk(
             **{name: np.asarray(value) for name, value in out.items()},
             finished=np.asarray(finished),
@@ -1105,6 +1202,7 @@ class SlotEngine:
         """Mark the rows ``free`` (bool ``[slots]``) finished, so no decode step waits for them."""
         program = self.model.program("serve_release", release_program, donate=("state",))
         self.state = program(self.state, self._replicate(free), static=self._decode_static)
+        self._first = {row: c for row, c in self._first.items() if not free[row]}
 
     def shift(self, delta: int) -> None:
         """Move every row's columns by ``delta``: see the module docstring."""
@@ -1114,6 +1212,7 @@ class SlotEngine:
         )
         self.clock += delta
         self._prompts = {row: (ids, where + delta) for row, (ids, where) in self._prompts.items()}
+        self._first = {row: c + delta for row, c in self._first.items()}
 
     def move(self, source: int, target: int) -> None:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
@@ -1125,6 +1224,8 @@ class SlotEngine:
         )
         if source in self._prompts:
             self._prompts[target] = self._prompts.pop(source)
+        if source in self._first:
+            self._first[target] = self._first.pop(source)
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
@@ -1133,7 +1234,7 @@ class SlotEngine:
             self.state, self._replicate(np.int32(clock)), static=self._decode_static
         )
         self.clock = clock
-        self._prompts = {}
+        self._prompts, self._first = {}, {}
 
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()
