@@ -122,13 +122,17 @@ def test_the_server_warms_up_the_engine_its_backend_declares():
     backend, model = Serving(), object()
     engine = serve.engine(backend, model, slots=4, length=64)
     assert backend.asked == (model, 4, 64, serve.CHUNK, 0, 0)
-    # A prefill of 1, 2 and 4 prompts together and a decode program for as many busy rows, then every
-    # row free and the clock back at 0.
+    # A prefill of 1, 2 and 4 prompts together and a decode program for as many busy rows; then, every
+    # row free, a decode of 1, 2 and 4 rows that runs no step (an engine's programs over whole rows,
+    # where its busy rows' decodes ran over a short window), and the clock back at 0.
     decodes = [call[1] for call in engine.calls if call[0] == "decode"]
-    assert decodes == [1, 2, 4]
+    assert decodes == [1, 2, 4, 1, 2, 4]
     admits = [call[1] for call in engine.calls if call[0] == "admit"]
     assert admits == [[0], [0, 1], [0, 1, 2, 3]]
-    assert engine.calls[-3:] == [("release", True), ("shift", 0), ("restart", 0)]
+    released = engine.calls.index(("release", True))
+    assert not any(call[0] == "admit" for call in engine.calls[released:])
+    assert [call[1] for call in engine.calls[released:] if call[0] == "decode"] == [1, 2, 4]
+    assert engine.calls[-2:] == [("shift", 0), ("restart", 0)]
     assert not any(call[0] == "prefill" for call in engine.calls)
 
 

@@ -38,8 +38,8 @@ PIECE = 256
 
 
 def context_length(model: Any, requested: int | None) -> int:
-    """The columns of each row: ``requested``, else the model's positions up to 1024 (attention reads every
-    column every step, so more than requests need costs time)."""
+    """The columns of each row: ``requested``, else the model's positions up to 1024 (each row holds its
+    columns' keys and values, and a decode whose requests hold more than a short window reads them all)."""
     config = model.config.get_text_config(decoder=True)
     positions = getattr(config, "max_position_embeddings", None) or 1024
     if requested is None:
