@@ -129,7 +129,7 @@ def linear(input: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -
 
 
 #: The most rows :func:`_columns_first` computes column by column.
-COLUMNS_FIRST_ROWS = 512
+COLUMNS_FIRST_ROWS = 64
 
 
 def _columns_first(rows: int) -> bool:
@@ -137,10 +137,11 @@ def _columns_first(rows: int) -> bool:
     product laid out ``[out, rows]``: on XLA:CPU, for 2 to :data:`COLUMNS_FIRST_ROWS` rows. Its dot emitter
     multiplies a few rows by an ``[out, in]`` weight into ``[rows, out]`` well below the speed it reaches
     when the many ``out`` columns come first (a decode step's projections and vocabulary head over 16
-    rows: about half the time; one row is a matrix-vector product, fast either way, and from a few
-    thousand rows on the two forms cost alike). The barrier keeps XLA from folding the transpose back into
+    rows: about half the time; one row is a matrix-vector product, fast either way). The barrier keeps XLA from folding the transpose back into
     the dot's layout. Results equal the other form's up to rounding (the same products, summed in another
-    order). bfloat16 products keep theirs: there the two forms measure alike."""
+    order). Up to 64 rows: a prefill's hundreds of rows measured slower in whole programs (the barrier
+    keeps the transpose from fusing with what follows), though one product alone is faster. bfloat16
+    products keep theirs: there the two forms measure alike."""
     return 2 <= rows <= COLUMNS_FIRST_ROWS and jax.default_backend() == "cpu"
 
 
