@@ -137,8 +137,8 @@ def _columns_first(rows: int) -> bool:
     product laid out ``[out, rows]``: on XLA:CPU, for 2 to :data:`COLUMNS_FIRST_ROWS` rows. Its dot emitter
     multiplies a few rows by an ``[out, in]`` weight into ``[rows, out]`` well below the speed it reaches
     when the many ``out`` columns come first (a decode step's projections and vocabulary head over 16
-    rows: about half the time; one row is a matrix-vector product, fast either way). The barrier keeps XLA from folding the transpose back into
-    the dot's layout. Results equal the other form's up to rounding (the same products, summed in another
+    rows: about half the time; one row is a matrix-vector product, fast either way). The barrier keeps
+    XLA from folding the transpose back into the dot's layout. Results equal the other form's up to rounding (the same products, summed in another
     order). Up to 64 rows: a prefill's hundreds of rows measured slower in whole programs (the barrier
     keeps the transpose from fusing with what follows), though one product alone is faster. bfloat16
     products keep theirs: there the two forms measure alike."""

@@ -38,8 +38,9 @@ its unfinished rows hold and the columns its steps write: :func:`_leading` copie
 the steps, and writes them back. Why the tokens are those of whole rows: every column outside the window
 holds nothing an unfinished row's query sees (``valid`` hides it), and inside it the distance between
 two columns is unchanged, so sliding windows and chunked attention see what they see over whole rows. The
-host knows each row's first column (:meth:`SlotEngine.admit`, the last :meth:`SlotEngine.prefill` piece,
-moved by shifts and moves, dropped once a read shows the row finished or it is released).
+host knows each row's prompt columns (recorded for prefix caching, moved by shifts and moves) and which
+rows may be unfinished (admitted, or given their last piece; dropped once a read shows them finished or
+they are released).
 packages/hfax-jax/tests/test_slots.py
 (``test_decodes_over_a_short_window_of_columns_get_their_generate_tokens``) checks it.
 
@@ -855,9 +856,9 @@ class SlotEngine:
         # move), and of each store entry's tokens: what keep and a reuse check against.
         self._prompts: dict[int, tuple[list[int], np.ndarray]] = {}
         self._held: dict[int, list[int]] = {}
-        # The first column of every row that may be unfinished (what a decode's window must hold), and
-        # whether a decode has run since the clock was last read.
-        self._first: dict[int, int] = {}
+        # The rows that may be unfinished (their prompts' columns are what a decode's window must hold),
+        # and whether a decode has run since the clock was last read.
+        self._decoding: set[int] = set()
         self._unread = False
         self.windows = (window, length) if window else (length,)
 
@@ -942,7 +943,7 @@ class SlotEngine:
                 [first + np.arange(n), self.clock - rest + np.arange(rest)]
             ).astype(np.int32)
             self._prompts[request.row] = (list(request.ids), columns)
-            self._first[request.row] = int(columns.min())
+            self._decoding.add(request.row)
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
 
@@ -989,7 +990,7 @@ class SlotEngine:
             columns = (self.clock - piece.end + np.arange(piece.end)).astype(np.int32)
             self._prompts[piece.admission.row] = (prompt, columns)
             if piece.end == len(piece.admission.ids):  # the row decodes from now on
-                self._first[piece.admission.row] = int(columns[0])
+                self._decoding.add(piece.admission.row)
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [
             {name: value[i] for name, value in host.items()} if last[i] else None
@@ -1180,7 +1181,7 @@ class SlotEngine:
         unfinished row among the first ``rows`` holds, and the ``steps`` columns from the clock on, which
         the decode writes. Every column if the clock moved unread, or if no row is unfinished (the
         decode then runs no step: :func:`hfax.serve.engine` compiles the whole-row programs so)."""
-        firsts = [c for r, c in self._first.items() if r < rows]
+        firsts = [int(self._prompts[row][1].min()) for row in self._decoding if row < rows]
         if self._unread or not firsts:
             return 0, self.length
         end = min(self.clock + steps, self.length)
@@ -1192,7 +1193,7 @@ class SlotEngine:
         _wait((out, finished))
         self.clock, self._unread = int(self.state["clock"]), False
         done = np.asarray(finished)
-        self._first = {row: c for row, c in self._first.items() if not done[row]}
+        self._decoding = {row for row in self._decoding if not done[row]}
         return Chunk(
             **{name: np.asarray(value) for name, value in out.items()},
             finished=np.asarray(finished),
@@ -1202,7 +1203,7 @@ class SlotEngine:
         """Mark the rows ``free`` (bool ``[slots]``) finished, so no decode step waits for them."""
         program = self.model.program("serve_release", release_program, donate=("state",))
         self.state = program(self.state, self._replicate(free), static=self._decode_static)
-        self._first = {row: c for row, c in self._first.items() if not free[row]}
+        self._decoding = {row for row in self._decoding if not free[row]}
 
     def shift(self, delta: int) -> None:
         """Move every row's columns by ``delta``: see the module docstring."""
@@ -1212,7 +1213,6 @@ class SlotEngine:
         )
         self.clock += delta
         self._prompts = {row: (ids, where + delta) for row, (ids, where) in self._prompts.items()}
-        self._first = {row: c + delta for row, c in self._first.items()}
 
     def move(self, source: int, target: int) -> None:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
@@ -1224,8 +1224,8 @@ class SlotEngine:
         )
         if source in self._prompts:
             self._prompts[target] = self._prompts.pop(source)
-        if source in self._first:
-            self._first[target] = self._first.pop(source)
+        if source in self._decoding:
+            self._decoding = (self._decoding - {source}) | {target}
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
@@ -1234,7 +1234,7 @@ class SlotEngine:
             self.state, self._replicate(np.int32(clock)), static=self._decode_static
         )
         self.clock = clock
-        self._prompts, self._first = {}, {}
+        self._prompts, self._decoding = {}, set()
 
     def counters(self) -> tuple[int, float]:
         snapshot = monitor.snapshot()
