@@ -1326,6 +1326,56 @@ def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case)
     assert hfax.backends.jax.monitor.snapshot().compiles == compiles
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_chat_turns_from_the_last_cache_share_one_prefill_program(tiny, backend, name):
+    """Chat turns, each continuing from the previous result's cache with a few new tokens, give
+    transformers' continuations (tokens equal, scores within 1e-4; Gemma 3's sliding layers hold their
+    window only). On JAX the cached length is no program's shape: the prefill feeds the length bucket of
+    the new tokens (16 columns of the prompt's 32, the cached ones among them keep their loaded keys and
+    values), so the third turn, whose cached length and new tokens differ from the second's, compiles
+    nothing."""
+    import copy
+
+    reference, model = tiny(name)
+    ids, mask = left_padded([[1, 5, 9, 23, 7, 3, 4, 8, 6, 2, 11, 12], [1, 4, 8, 30, 31]])
+    options = dict(
+        do_sample=False, eos_token_id=-1, return_dict_in_generate=True, output_scores=True
+    )
+    theirs = transformers_generate(reference, ids, mask, max_new_tokens=6, **options)
+    mine = model.generate(ids, attention_mask=mask, max_new_tokens=6, **options)
+    np.testing.assert_array_equal(as_numpy(mine.sequences), theirs.sequences.numpy())
+    mask = np.concatenate([mask, np.ones((2, 6), mask.dtype)], axis=1)
+    for turn, user in enumerate(([40, 41, 42, 43], [50, 51, 52])):  # 17 + 4, then 25 + 3 tokens
+        ids = np.concatenate([theirs.sequences.numpy(), np.tile(user, (2, 1))], axis=1)
+        mask = np.concatenate([mask, np.ones((2, len(user)), mask.dtype)], axis=1)
+        want = transformers_generate(
+            reference,
+            ids,
+            mask,
+            max_new_tokens=5,
+            past_key_values=copy.deepcopy(theirs.past_key_values),
+            **options,
+        )
+        got = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            past_key_values=mine.past_key_values,
+            **options,
+        )
+        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+        np.testing.assert_allclose(
+            np.stack([as_numpy(s) for s in got.scores]),
+            torch.stack(want.scores).numpy(),
+            atol=1e-4,
+            rtol=0,
+        )
+        if backend == "jax" and turn == 1:
+            assert model.last_generate_stats.compiles == 0
+        theirs, mine = want, got
+        mask = np.concatenate([mask, np.ones((2, 5), mask.dtype)], axis=1)
+
+
 def test_a_callers_cache_continues_a_prompt_of_embeddings_as_in_transformers(tiny):
     """A prompt given as embeddings continues from an earlier result's cache too: the embeddings of the
     cached positions and of the tokens after them, as transformers' generate takes them, give its tokens

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hfax.generation import inputs as model_inputs
+from hfax.generation import shapes
 
 #: The cache layer types whose keys and values :func:`held_layers` reads (``get_layer_types_and_kwargs``).
 LOADED_TYPES = ("full_attention", "sliding_attention")
@@ -46,9 +47,14 @@ class HeldLayer:
 @dataclasses.dataclass(frozen=True)
 class Resume:
     """What an engine with ``"cache_input"`` loads before its prefill: ``layers`` in the model's layer order,
-    at the bucket's columns, rows as the bucket's; the prefill feeds the columns from ``start`` on."""
+    each over all of the bucket's columns from column 0 (zeros where it holds nothing), rows as the
+    bucket's. The prefill feeds the bucket's last ``fed`` columns, a length bucket of the tokens after the
+    cache: those from ``start`` on are new; before ``start`` the loaded keys and values stay as they are
+    (the fed tokens there only fill the window). So the program's shapes are the prompt's bucket and
+    ``fed``, whatever the cached length (``start`` is traced)."""
 
     start: int
+    fed: int
     layers: tuple[HeldLayer, ...]
 
 
@@ -140,18 +146,24 @@ def held_layers(module: Any, cache: Any, cached: int) -> tuple[HeldLayer, ...]:
 
 def placed(held: tuple[HeldLayer, ...], cached: int, width: int, prompt: int, rows: int) -> Resume:
     """``held`` moved into the engine's bucket: a caller's prompt of ``width`` columns ends at the
-    bucket's ``prompt``; rows beyond the held ones (the bucket's filler) repeat row 0, as the filler ids
-    do (:func:`hfax.generation.shapes.pad_prompts`)."""
+    bucket's ``prompt``, each layer laid over the bucket's columns; rows beyond the held ones (the bucket's
+    filler) repeat row 0, as the filler ids do (:func:`hfax.generation.shapes.pad_prompts`). The columns
+    fed are the length bucket of the ``width - cached`` new tokens (at most the whole bucket)."""
     shift = prompt - width
 
-    def filled(array: np.ndarray) -> np.ndarray:
+    def laid(array: np.ndarray, first: int) -> np.ndarray:
         extra = rows - array.shape[0]
-        return np.concatenate([array, np.repeat(array[:1], extra, 0)]) if extra else array
+        if extra:
+            array = np.concatenate([array, np.repeat(array[:1], extra, 0)])
+        before, after = first + shift, prompt - first - shift - array.shape[2]
+        return np.pad(array, ((0, 0), (0, 0), (before, after), (0, 0)))
 
     layers = tuple(
-        HeldLayer(filled(layer.keys), filled(layer.values), layer.first + shift) for layer in held
+        HeldLayer(laid(layer.keys, layer.first), laid(layer.values, layer.first), 0)
+        for layer in held
     )
-    return Resume(shift + cached, layers)
+    fed = min(shapes.bucket(width - cached, shapes.MIN_LENGTH_BUCKET), prompt)
+    return Resume(shift + cached, fed, layers)
 
 
 def expanded(held: tuple[HeldLayer, ...], expand: int) -> tuple[HeldLayer, ...]:

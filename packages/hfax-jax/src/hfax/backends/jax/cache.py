@@ -203,8 +203,12 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[Any, Any]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.states = (key_states, value_states)
         slot = self.cache.write_slot
+        if self.cache.kept is not None:
+            keys_axis = 3 if self.cache.in_place else 2
+            key_states = _keeping(self.keys, key_states, slot, self.cache.kept, keys_axis)
+            value_states = _keeping(self.values, value_states, slot, self.cache.kept, 2)
+        self.states = (key_states, value_states)
         keys, values = self.written(slot)
         if not self.cache.in_place:
             self.keys, self.values, self.states = keys, values, None
@@ -385,6 +389,18 @@ def _write(buffer: torch.Tensor, states: torch.Tensor, slot: Any, axis: int = 2)
     )
 
 
+def _keeping(buffer: torch.Tensor, states: torch.Tensor, slot: int, kept: Any, axis: int) -> Any:
+    """``states`` ``[batch, kv_heads, n, head_dim]`` with the ``kept`` of its ``n`` slots replaced by what
+    ``buffer`` holds there (its slots along ``axis``: 3 for keys stored transposed)."""
+
+    def keep(b: jax.Array, s: jax.Array, k: jax.Array) -> jax.Array:
+        held = jax.lax.dynamic_slice_in_dim(b, slot, s.shape[2], axis=axis)
+        held = jnp.swapaxes(held, 2, 3) if axis == 3 else held
+        return jnp.where(k[None, None, :, None], held.astype(s.dtype), s)
+
+    return torchax.interop.call_jax(keep, buffer, states, kept)
+
+
 #: transformers' cache layer types (``get_layer_types_and_kwargs``) by the kind of slot layer that holds them.
 ATTENTION_TYPES = {"full_attention": False, "sliding_attention": True, "chunked_attention": True}
 INDEXED_TYPES = {"indexed_attention"}
@@ -419,6 +435,9 @@ class SlotCache(Cache):
     ordering the writes after the logits, regrouping heads and the transposed layout cost collectives).
     Otherwise keys are ``[batch, kv_heads, length, head_dim]`` and attention reads the updated buffers.
     ``dtype`` is the new buffers' type (``None``: the keys' and values' own; see :func:`buffer_dtype`).
+    ``kept`` (bool ``[n]`` over the ``n`` slots a forward writes, or ``None``) marks the slots whose keys
+    and values stay what the layers held: attention reads those, the write leaves them (a prefill after a
+    caller's loaded cache feeds a length bucket of columns, the cached ones among them only to fill it).
     """
 
     def __init__(
@@ -429,9 +448,11 @@ class SlotCache(Cache):
         states: list[dict[str, Any]] | None = None,
         in_place: bool = False,
         dtype: torch.dtype | None = None,
+        kept: Any = None,
     ) -> None:
         self.length = length
         self.write_slot = write_slot
+        self.kept = kept
         self.in_place = in_place
         self.dtype = dtype
         if types is None:

@@ -102,6 +102,7 @@ class Forward:
         at: Any = None,
         every: bool = False,
         token_types: Any = None,
+        kept: Any = None,
     ) -> tuple[Any, Any, dict[str, Any]]:
         """A decoder-only forward over ``window`` into the cache holding ``states`` (``None``: a cache of
         the window's length, new). A prefill passes ``inputs`` (the model's other inputs, images included)
@@ -109,7 +110,8 @@ class Forward:
         model without a cache reads all of the window's ids and gives the logits at position ``at``; the
         others give the last position's, or with ``every`` every position's (``[batch, window, vocab]``).
         ``token_types`` are the whole prompt's, for its image blocks, where the window is the part after a
-        loaded cache (else ``inputs``' own)."""
+        loaded cache (else ``inputs``' own). ``kept`` (bool ``[window]``) marks the window's columns whose
+        cached keys and values stay as ``states`` hold them (:class:`~hfax.backends.jax.cache.SlotCache`)."""
         static = self.static
         constants = inputs is not None and bool(static.constants)
         if constants:
@@ -135,6 +137,7 @@ class Forward:
                     tstates,
                     in_place=self.layout.in_place_cache,
                     dtype=slot_cache.buffer_dtype(self.model.dtype, self.model.platform),
+                    kept=None if kept is None else to_tensor(kept),
                 )
             kwargs = dict(input_ids=twindow.ids, attention_mask=tmask)
             if tinputs is not None and "inputs_embeds" in tinputs:  # the prompt as embeddings
@@ -392,49 +395,54 @@ def prefill(
 def resume(
     model: Any,
     static: Static,
-    held: tuple[int, ...],
-    start: int,
+    fed: int,
     params: Any,
     ids: jax.Array,
     prompt_mask: jax.Array,
     loaded: list[dict[str, jax.Array]],
+    start: jax.Array,
     arrays: Any,
     inputs: Any = None,
 ) -> dict[str, Any]:
     """:func:`prefill` after a caller's cache (:class:`hfax.generation.loaded_cache.Resume`): ``loaded``
-    holds every layer's keys and values from the prompt column ``held[layer]`` on; they go into the cache's
-    slots there (the others empty: what precedes a sliding layer's window, and hfax's padding), and only the
-    prompt's columns from ``start`` on run through the model, at their own positions, against them.
-    ``inputs`` are laid out like ``ids`` (token types): the tokens fed get theirs, the image blocks come
-    from all of them. The state has :func:`prefill`'s structure and placement, so the decode program is
-    the one a call without a cache runs."""
+    holds every layer's keys and values over the prompt's columns (zeros where it holds none: what precedes
+    a sliding layer's window, and hfax's padding), and only the prompt's last ``fed`` columns run through
+    the model, at their own positions, against them. The cache keeps the loaded keys and values before
+    ``start`` (traced: the first new token's column), so the fed columns before it only fill the window,
+    and one program serves every cached length of a prompt bucket and ``fed``. ``inputs`` are laid out
+    like ``ids`` (token types): the tokens fed get theirs, the image blocks come from all of them. The
+    state has :func:`prefill`'s structure and placement, so the decode program is the one a call without
+    a cache runs."""
     batch, length = ids.shape
     capacity = static.decoding.capacity
     layout = _layout(model, static, batch, steps=0)
     dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
     dtype = model.dtype if dtype is None else getattr(jnp, str(dtype).removeprefix("torch."))
 
-    def slots(value: jax.Array, first: int) -> jax.Array:
-        value = jnp.pad(
-            value, [(0, 0), (0, 0), (first, length + capacity - first - value.shape[2]), (0, 0)]
-        )
-        return value.astype(dtype)
+    def slots(value: jax.Array) -> jax.Array:
+        return jnp.pad(value, [(0, 0), (0, 0), (0, capacity), (0, 0)]).astype(dtype)
 
     states = []
-    for layer, first in zip(loaded, held):
-        keys = slots(layer["keys"], first)
+    for layer in loaded:
+        keys = slots(layer["keys"])
         keys = jnp.swapaxes(keys, 2, 3) if layout.in_place_cache else keys
-        states.append({"keys": keys, "values": slots(layer["values"], first)})
+        states.append({"keys": keys, "values": slots(layer["values"])})
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
     positions = jnp.where(prompt_mask, jnp.cumsum(prompt_mask, axis=1) - 1, 1)
     valid = jnp.concatenate([prompt_mask, jnp.ones((batch, capacity), bool)], axis=1)
-    window = Window(ids[:, start:], positions[:, start:], valid, jnp.arange(start, length), start)
+    first = length - fed
+    columns = jnp.arange(first, length)
+    window = Window(ids[:, first:], positions[:, first:], valid, columns, first)
     inputs = dict(inputs or {})
-    fed = {name: value[:, start:] for name, value in inputs.items()}
+    fed_inputs = {name: value[:, first:] for name, value in inputs.items()}
     forward = Forward(model, static, layout, params)
     logits, states, _ = forward.decoder(
-        window, states, inputs=fed, token_types=inputs.get("token_type_ids")
+        window,
+        states,
+        inputs=fed_inputs,
+        token_types=inputs.get("token_type_ids"),
+        kept=columns < start,
     )
     decoding = static.decoding
     chosen = _on_torch(
@@ -536,12 +544,13 @@ def resume_program(
     ids: Any,
     prompt_mask: Any,
     loaded: Any,
+    start: Any,
     arrays: Any,
     inputs: Any,
-    static: tuple[Static, tuple[int, ...], int],
+    static: tuple[Static, int],
 ) -> Any:
-    settled, held, start = static
-    return resume(model, settled, held, start, params, ids, prompt_mask, loaded, arrays, inputs)
+    settled, fed = static
+    return resume(model, settled, fed, params, ids, prompt_mask, loaded, start, arrays, inputs)
 
 
 def decode_program(
@@ -608,8 +617,8 @@ class JaxEngine:
         arrays: Any,
         inputs: Any,
     ) -> Any:
-        """The prefill after the caller's cache, loaded (:func:`resume`): its own program, one per bucket
-        and first column fed; a call without a cache runs none of it."""
+        """The prefill after the caller's cache, loaded (:func:`resume`): its own program, one per prompt
+        bucket and bucket of new tokens; a call without a cache runs none of it."""
         if not static.cache_argument or static.appended is not None:
             raise NotImplementedError(
                 f"{type(self.model.module).__name__} decodes without a cache here, so hfax's generate "
@@ -624,16 +633,16 @@ class JaxEngine:
             [{"keys": layer.keys, "values": layer.values} for layer in resume.layers],
             self.model.mesh,
         )
-        held = tuple(layer.first for layer in resume.layers)
         program = self.model.program("resume", resume_program)
         return program(
             self.model.params,
             ids,
             prompt_mask,
             loaded,
+            mesh.replicate(np.int32(resume.start), self.model.mesh),
             arrays,
             inputs,
-            static=(static, held, resume.start),
+            static=(static, resume.fed),
         )
 
     def inputs(self, padded: driver.PaddedRequest) -> tuple[Any, Any, Any, Any]:
