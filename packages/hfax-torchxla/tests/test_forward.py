@@ -42,13 +42,62 @@ def test_a_forward_is_one_program_per_shape_without_host_syncs(tiny):
     )  # transformers' mask code would call padding_mask.all() on a lazy tensor
     mask = np.ones_like(IDS)
     mask[1, :2] = 0
-    before = runtime.counters()
-    model(input_ids=IDS[:, :5], attention_mask=mask[:, :5]).logits.cpu()
-    first = runtime.counters() - before
-    assert first.compiles == 1 and first.fallbacks == {}, first
-    before = runtime.counters()
-    model(input_ids=IDS[:, 2:7], attention_mask=np.ones_like(mask[:, :5])).logits.cpu()
-    assert runtime.counters() - before == runtime.Counters(0, 0.0, {})
+    model.pad_forward = False  # each shape its own program (padded calls: the test below)
+    try:
+        before = runtime.counters()
+        model(input_ids=IDS[:, :5], attention_mask=mask[:, :5]).logits.cpu()
+        first = runtime.counters() - before
+        assert first.compiles == 1 and first.fallbacks == {}, first
+        before = runtime.counters()
+        model(input_ids=IDS[:, 2:7], attention_mask=np.ones_like(mask[:, :5])).logits.cpu()
+        assert runtime.counters() - before == runtime.Counters(0, 0.0, {})
+    finally:
+        model.pad_forward = True
+
+
+def traced_graphs() -> int:
+    """How many graphs dynamo has traced in this process (a compiled forward traces one per shape)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_calls_of_many_lengths_share_a_padded_program_and_give_transformers_logits(tiny):
+    """``model(input_ids=...)`` of a language model runs padded into a bucket (:mod:`hfax.forward_buckets`):
+    calls of 3x5, 4x11 and 3x16 ids share one ``[4, 16]`` program, and each call's logits have its own
+    shape and transformers' values, with and without a (left-padded) mask; ``pad_forward = False`` runs a
+    call at its own shape."""
+    from hfax.backends.torchxla import runtime
+
+    _, ref, model = tiny("llama")
+    rng = np.random.default_rng(0)
+    calls = [rng.integers(3, 90, size=shape) for shape in ((3, 5), (4, 11), (3, 16))]
+    mask = np.ones((4, 11), np.int64)
+    mask[1, :4] = 0
+    model(input_ids=calls[0]).logits.cpu()  # the [4, 16] program compiles here
+    before, graphs = runtime.counters(), traced_graphs()
+    for ids, attention_mask in [(calls[1], None), (calls[1], mask), (calls[2], None)]:
+        given = {"input_ids": torch.as_tensor(ids)}
+        if attention_mask is not None:
+            given["attention_mask"] = torch.as_tensor(attention_mask)
+        got = model(**given).logits.cpu()
+        assert got.shape == (*ids.shape, ref.config.vocab_size)
+        with torch.no_grad():
+            want = ref(**given).logits
+        real = slice(None) if attention_mask is None else torch.as_tensor(attention_mask).bool()
+        np.testing.assert_allclose(got[real].numpy(), want[real].numpy(), atol=1e-4)
+    # [4, 11] and [3, 16] ran in the [4, 16] forward: no graph traced again, and the programs compiled
+    # are the cuts of its logits (two slices, one per shape), not forwards.
+    assert traced_graphs() == graphs and (runtime.counters() - before).compiles == 2
+    model.pad_forward = False
+    try:
+        got = model(input_ids=calls[0]).logits.cpu()
+        assert traced_graphs() == graphs + 1  # [3, 5] at its own shape
+    finally:
+        model.pad_forward = True
+    with torch.no_grad():
+        want = ref(input_ids=torch.as_tensor(calls[0])).logits
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-4)
 
 
 def test_xlnet_keeps_its_memory_though_torch_xla_refuses_slices_from_before_the_start(tmp_path):

@@ -22,7 +22,7 @@ class BackendModel:
     ``generation_config``, ``name_or_path``, ``device``, ``dtype``, ``can_generate()``, ``eval()``,
     ``to(...)`` and ``save_pretrained(directory)``.
 
-    ``pad_forward`` (True unless set False): on the JAX backend a language model's ``model(input_ids=...)``
+    ``pad_forward`` (True unless set False): on both backends a language model's ``model(input_ids=...)``
     runs padded into a bucket shape and its logits are cut back (:mod:`hfax.forward_buckets`), so calls of
     many lengths share a few compiled programs; False runs every call at its own shape.
     """

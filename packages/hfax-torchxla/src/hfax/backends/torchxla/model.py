@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hfax import validation
+from hfax import forward_buckets, validation
 from hfax.backends.torchxla import generation, runtime, sharding
 from hfax.model import BackendModel
 
@@ -17,7 +17,10 @@ class TorchXlaModel(BackendModel):
 
     * ``model(**inputs)`` runs the forward compiled through the compile-step hook (once per input shape and set
       of Python flags) and returns the transformers output type with tensors on the XLA device. Compiled,
-      transformers' mask code sees a traced tensor and skips its host syncs (``padding_mask.all()``).
+      transformers' mask code sees a traced tensor and skips its host syncs (``padding_mask.all()``). A
+      language model's call of token ids runs padded into a bucket shape, its logits cut back
+      (:mod:`hfax.forward_buckets`; ``pad_forward``), so calls of many lengths share a program: torch_xla
+      on CPU compiles only so many programs in a process.
     * ``model.params`` holds the weights by ``state_dict`` name (tied weights once).
     * ``model.generate(...)`` decodes with a static KV cache and one compiled decode program per shape bucket
       (see :mod:`hfax.backends.torchxla.generation`); ``model.last_generate_stats`` says what it cost.
@@ -61,9 +64,18 @@ class TorchXlaModel(BackendModel):
         device = runtime.device()
         inputs = self.named_inputs(args, inputs)
         validation.check_forward_inputs(inputs, validation.vocab_size(self.module), self.module)
-        inputs = {name: _to_device(value, device) for name, value in inputs.items()}
+        forward = self.program("forward", _forward)
+        if self.pad_forward and forward_buckets.pads(self.module, inputs):
+            padded, padding = forward_buckets.padded(inputs)
+            with torch.no_grad():
+                whole = forward(self.module, _on_device(padded, device))
+            output = forward_buckets.cut(whole, padding)
+            if output is not None:
+                return output
+            # Its output holds more than logits: this call and every later one run at their own shape.
+            self.pad_forward = False
         with torch.no_grad():
-            return self.program("forward", _forward)(self.module, inputs)
+            return forward(self.module, _on_device(inputs, device))
 
     def generate(self, input_ids: Any = None, attention_mask: Any = None, **options: Any) -> Any:
         """transformers' ``generate`` on device, returning the type ``input_ids`` has (torch in, torch out;
@@ -75,6 +87,10 @@ class TorchXlaModel(BackendModel):
 
 def _forward(module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
     return module(**inputs)
+
+
+def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {name: _to_device(value, device) for name, value in inputs.items()}
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
