@@ -38,15 +38,23 @@ def test_torch_inputs_give_torch_outputs(tiny):
 
 
 def test_text_generation_pipeline_matches_transformers(tiny, tokenizer):
+    """The pipeline's text is transformers', and it accepts the model as one of its own: the class is
+    named after the transformers class it runs (pipelines check the name and log an error otherwise)."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
     _, ref, model = tiny("llama")
+    assert type(model).__name__ == type(ref).__name__ == "LlamaForCausalLM"
+    assert isinstance(model, hfax.backends.jax.model.JaxModel)
+    assert repr(model).startswith("JaxModel(LlamaForCausalLM, ")
     options = dict(max_new_tokens=8, do_sample=False)
     want = transformers.pipeline("text-generation", model=ref, tokenizer=tokenizer)(
         PROMPTS, **options
     )
-    got = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)(
-        PROMPTS, **options
-    )
-    assert got == want
+    with CaptureLogger(logging.get_logger("transformers.pipelines.base")) as captured:
+        pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)
+    assert "not supported" not in captured.out
+    assert pipe(PROMPTS, **options) == want
 
 
 def test_text_classification_pipeline_matches_transformers(tiny, tokenizer):

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from pathlib import Path
 from typing import Any, Callable
 
 from hfax.tensors import tensor_slots
+
+
+@functools.cache
+def named_after(backend: type, transformers_class: type) -> type:
+    """A subclass of ``backend`` (``JaxModel``, ...) that adds nothing but the name of the transformers
+    class its model runs (``LlamaForCausalLM``). transformers' pipelines check a model's class name
+    against the architectures of their task (``Pipeline.check_model_type``) and log an error for any
+    other name; isinstance checks against the backend's class still hold."""
+    if backend.__name__ == transformers_class.__name__:  # already named
+        return backend
+    name = transformers_class.__name__
+    namespace = {"__module__": backend.__module__, "__qualname__": name, "backend_class": backend}
+    return type(name, (backend,), namespace)
 
 
 class BackendModel:
@@ -20,7 +34,8 @@ class BackendModel:
 
     Where transformers' pipelines and user code look, it behaves like a transformers model: ``config``,
     ``generation_config``, ``name_or_path``, ``device``, ``dtype``, ``can_generate()``, ``eval()``,
-    ``to(...)`` and ``save_pretrained(directory)``.
+    ``to(...)`` and ``save_pretrained(directory)``. Its class is named after the transformers class it runs
+    (:func:`named_after`): transformers' pipelines accept a model by its class name.
 
     ``pad_forward`` (True unless set False): on both backends a language model's ``model(input_ids=...)``
     runs padded into a bucket shape and its logits are cut back (:mod:`hfax.forward_buckets`), so calls of
@@ -39,6 +54,7 @@ class BackendModel:
         mesh: Any,
         compile_step: Callable[..., Callable[..., Any]],
     ) -> None:
+        self.__class__ = named_after(type(self), type(module))
         self.module = module
         self.config = module.config
         self.generation_config = getattr(module, "generation_config", None)
@@ -52,7 +68,10 @@ class BackendModel:
         self.last_generate_stats: Any = None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
+        backend = getattr(
+            type(self), "backend_class", type(self)
+        ).__name__  # JaxModel, TorchXlaModel
+        return f"{backend}({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
 
     def num_parameters(self) -> int:
         """How many weights the model has (tied ones once)."""
