@@ -1239,6 +1239,17 @@ def test_a_callers_cache_continues_as_in_transformers(tiny, backend):
         model.generate(sequences, past_key_values=((torch.zeros(1),),), **then)
 
 
+def assert_continuation_equal(got, want):
+    """hfax's result (``sequences`` and ``scores``) is transformers': tokens equal, scores within 1e-4."""
+    np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+    np.testing.assert_allclose(
+        np.stack([as_numpy(s) for s in got.scores]),
+        torch.stack(want.scores).numpy(),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
 LOADED_CASES = {
     "llama": ("llama", {}),
     "gemma3-sliding": ("gemma3", {}),
@@ -1301,13 +1312,7 @@ def test_a_callers_cache_is_loaded_as_transformers_reads_it(tiny, backend, case)
         if beams > 1:
             np.testing.assert_array_equal(as_numpy(got), want.numpy())
         else:
-            np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
-            np.testing.assert_allclose(
-                np.stack([as_numpy(s) for s in got.scores]),
-                torch.stack(want.scores).numpy(),
-                atol=1e-4,
-                rtol=0,
-            )
+            assert_continuation_equal(got, want)
         for (keys, values), layer in zip(kept, cache.layers, strict=True):
             assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
         if backend == "jax" and beams == 1:  # the decode loop is a cache-free call's: no new one
@@ -1363,13 +1368,7 @@ def test_chat_turns_from_the_last_cache_share_one_prefill_program(tiny, backend,
             past_key_values=mine.past_key_values,
             **options,
         )
-        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
-        np.testing.assert_allclose(
-            np.stack([as_numpy(s) for s in got.scores]),
-            torch.stack(want.scores).numpy(),
-            atol=1e-4,
-            rtol=0,
-        )
+        assert_continuation_equal(got, want)
         if backend == "jax" and turn == 1:
             assert model.last_generate_stats.compiles == 0
         theirs, mine = want, got
