@@ -93,3 +93,40 @@ def test_without_a_mask_causality_and_the_window_are_applied(window):
 def test_soft_capping_is_refused():
     with pytest.raises(ValueError, match="soft-capping"):
         hfax_jax(*inputs(), None, softcap=50.0)
+
+
+def test_a_sliding_layer_decodes_over_its_window_only(tmp_path):
+    """A decode step of a sliding layer reads the ``sliding_window`` slots that end at the new token, not
+    the whole row: in a Gemma 3 of a sliding (window 4) and a full layer decoding a 32-slot row, the loop's
+    scores over the cache are ``[kv_heads, groups, 4]`` and ``[kv_heads, groups, 32]``. The tokens are
+    transformers', also once the row is longer than the window."""
+    import re
+
+    import transformers
+
+    import hfax
+    from hfax.backends.jax import generation
+    from hfax.testing import left_padded, reference_generate, save_tiny
+
+    config = transformers.Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=256,
+    )
+    reference = save_tiny(config, tmp_path, spread=True)
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    ids, mask = left_padded([[1, 17, 300, 42, 9, 77, 5]])
+    hlo = generation.lower(model, ids, mask, max_new_tokens=16).compile().as_text()
+    scores = set(re.findall(r"= f32\[2,2,(\d+)\]\{[\d,]+\} dot\(", hlo))
+    assert {"4", "32"} <= scores, scores  # head_dim (16) is the values' product
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    np.testing.assert_array_equal(
+        np.asarray(got), reference_generate(reference, ids, mask, max_new_tokens=16)
+    )

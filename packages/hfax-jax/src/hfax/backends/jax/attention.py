@@ -82,7 +82,9 @@ def attention_forward(
             "hfax_jax attention has no logit soft-capping; keep this model on eager attention"
         )
     options: dict[str, Any] = {"scale": scaling if scaling is not None else query.shape[-1] ** -0.5}
-    around_write = around_write_attention(query, key, value, attention_mask, options["scale"])
+    around_write = around_write_attention(
+        query, key, value, attention_mask, options["scale"], sliding_window
+    )
     if around_write is not None:
         return around_write.transpose(1, 2), None
     if attention_mask is None:
@@ -134,20 +136,26 @@ def switch(model: torch.nn.Module, patcher: Any) -> None:
 
 
 def around_write_attention(
-    query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float
+    query: torch.Tensor, key: Any, value: Any, mask: Any, scale: float, window: int | None = None
 ) -> torch.Tensor | None:
     """:func:`attend` for torchax tensors, when ``key`` and ``value`` are what a ``SlotLayer`` returned and a mask
-    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are)."""
+    is given; ``None`` otherwise (the caller attends over ``key`` and ``value`` as they are). ``window``
+    is the layer's sliding window (``None``: full attention)."""
     keys, values = cache.written(key), cache.written(value)
     if keys is None or values is None or mask is None:
         return None
     return torchax.interop.call_jax(
-        functools.partial(attend, scale=scale), query, keys, values, mask
+        functools.partial(attend, scale=scale, window=window), query, keys, values, mask
     )
 
 
 def attend(
-    query: jax.Array, keys: cache.Written, values: cache.Written, mask: jax.Array, scale: float
+    query: jax.Array,
+    keys: cache.Written,
+    values: cache.Written,
+    mask: jax.Array,
+    scale: float,
+    window: int | None = None,
 ) -> jax.Array:
     """Attention of ``query`` over a slot cache write, reading no buffer the write produced.
 
@@ -155,7 +163,15 @@ def attend(
     ``repeat_kv`` groups them); ``keys``/``values`` hold JAX arrays; ``mask`` is additive and broadcasts to
     ``[batch, heads, q, length]``. The slots being written are read from the new states, the others from
     the buffers as they were. Returns ``[batch, heads, q, head_dim]``.
+
+    A decode step (one slot written) of a layer with a sliding ``window`` shorter than the buffers reads
+    only the ``window`` slots that end at the written one (:func:`_last_slots`): its mask hides every
+    other slot (transformers' window, ``masks.build``'s: a query sees the keys less than ``window`` slots
+    before it), so long rows cost a sliding layer what its window costs.
     """
+    if window is not None and keys.states.shape[2] == 1 and keys.before is not None:
+        if window < mask.shape[-1]:
+            keys, values, mask = _last_slots(keys, values, mask, window)
     batch, heads, length_q, dim = query.shape
     new_keys, new_values, slot = keys.states, values.states, keys.slot
     kv_heads, written = new_keys.shape[1], new_keys.shape[2]
@@ -195,3 +211,16 @@ def attend(
         )
     output = output.astype(query.dtype).reshape(batch, heads, length_q, dim)
     return jnp.where(sees, output, 0)
+
+
+def _last_slots(
+    keys: cache.Written, values: cache.Written, mask: jax.Array, window: int
+) -> tuple[cache.Written, cache.Written, jax.Array]:
+    """The write of one slot with its buffers and ``mask`` cut to the ``window`` slots that end at it (from
+    slot 0 while fewer precede it); the slot is then counted from the cut's start. Keys are stored
+    ``[batch, kv_heads, head_dim, length]`` here, values ``[batch, kv_heads, length, head_dim]``."""
+    start = jnp.clip(keys.slot - window + 1, 0, mask.shape[-1] - window)
+    cut = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=start, slice_size=window)
+    keys = cache.Written(cut(keys.before, axis=3), keys.states, keys.slot - start)
+    values = cache.Written(cut(values.before, axis=2), values.states, values.slot - start)
+    return keys, values, cut(mask, axis=-1)
