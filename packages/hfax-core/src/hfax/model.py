@@ -68,10 +68,8 @@ class BackendModel:
         self.last_generate_stats: Any = None
 
     def __repr__(self) -> str:
-        backend = getattr(
-            type(self), "backend_class", type(self)
-        ).__name__  # JaxModel, TorchXlaModel
-        return f"{backend}({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
+        backend = getattr(type(self), "backend_class", type(self))  # JaxModel, TorchXlaModel
+        return f"{backend.__name__}({type(self.module).__name__}, family={self.family!r}, parameters={self.num_parameters():,})"
 
     def num_parameters(self) -> int:
         """How many weights the model has (tied ones once)."""
