@@ -169,9 +169,9 @@ def attend(
     other slot (transformers' window, ``masks.build``'s: a query sees the keys less than ``window`` slots
     before it), so long rows cost a sliding layer what its window costs.
     """
-    if window is not None and keys.states.shape[2] == 1 and keys.before is not None:
-        if window < mask.shape[-1]:
-            keys, values, mask = _last_slots(keys, values, mask, window)
+    one_step = keys.states.shape[2] == 1 and keys.before is not None
+    if one_step and window is not None and window < mask.shape[-1]:
+        keys, values, mask = _last_slots(keys, values, mask, window)
     batch, heads, length_q, dim = query.shape
     new_keys, new_values, slot = keys.states, values.states, keys.slot
     kv_heads, written = new_keys.shape[1], new_keys.shape[2]
