@@ -256,15 +256,18 @@ def _finish(engine: SlotEngine, tokens: dict[int, list[int]], rows: int) -> dict
     return tokens
 
 
-def test_prompts_reusing_a_stored_prefix_get_their_generate_tokens(tiny):
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_prompts_reusing_a_stored_prefix_get_their_generate_tokens(tiny, name):
     # A prompt is prefilled whole and its first 32 tokens kept in the prefix store; three prompts that
     # begin with them (greedy, sampled, and one that is exactly the kept 32 tokens) then prefill only the
     # rest, attending to the stored columns, while the first decodes: each gets generate's tokens, with
     # its first token's logprob within 1e-4 of the one it gets prefilled whole. Then the first prompt,
-    # moved by a shift since its prefill, is kept whole in entry 0 and reused.
+    # moved by a shift since its prefill, is kept whole in entry 0 and reused. Gemma 3's sliding layer
+    # (a window of 4) sees the tokens it sees in a whole prefill: the stored tokens end where the rest
+    # begins, with no padding between them.
     from hfax.generation.slots import Kept, Reuse
 
-    _, _, model = tiny("llama")
+    _, _, model = tiny(name)
     prompts = [SHARED + [5, 9], SHARED + [30, 40, 7], SHARED[:32], SHARED + [5, 9, 11, 12]]
     greedy = [_generated(model, p, do_sample=False) for p in prompts]
     sampled = _generated(model, prompts[1], do_sample=True, top_k=0, **SAMPLED)

@@ -390,13 +390,15 @@ def _write(buffer: torch.Tensor, states: torch.Tensor, slot: Any, axis: int = 2)
 
 
 def _keeping(buffer: torch.Tensor, states: torch.Tensor, slot: int, kept: Any, axis: int) -> Any:
-    """``states`` ``[batch, kv_heads, n, head_dim]`` with the ``kept`` of its ``n`` slots replaced by what
-    ``buffer`` holds there (its slots along ``axis``: 3 for keys stored transposed)."""
+    """``states`` ``[batch, kv_heads, n, head_dim]`` with the ``kept`` (``[n]``, or ``[batch, n]`` per row)
+    of its ``n`` slots replaced by what ``buffer`` holds there (its slots along ``axis``: 3 for keys
+    stored transposed)."""
 
     def keep(b: jax.Array, s: jax.Array, k: jax.Array) -> jax.Array:
         held = jax.lax.dynamic_slice_in_dim(b, slot, s.shape[2], axis=axis)
         held = jnp.swapaxes(held, 2, 3) if axis == 3 else held
-        return jnp.where(k[None, None, :, None], held.astype(s.dtype), s)
+        k = k[:, None, :, None] if k.ndim == 2 else k[None, None, :, None]
+        return jnp.where(k, held.astype(s.dtype), s)
 
     return torchax.interop.call_jax(keep, buffer, states, kept)
 
@@ -435,9 +437,11 @@ class SlotCache(Cache):
     ordering the writes after the logits, regrouping heads and the transposed layout cost collectives).
     Otherwise keys are ``[batch, kv_heads, length, head_dim]`` and attention reads the updated buffers.
     ``dtype`` is the new buffers' type (``None``: the keys' and values' own; see :func:`buffer_dtype`).
-    ``kept`` (bool ``[n]`` over the ``n`` slots a forward writes, or ``None``) marks the slots whose keys
-    and values stay what the layers held: attention reads those, the write leaves them (a prefill after a
-    caller's loaded cache feeds a length bucket of columns, the cached ones among them only to fill it).
+    ``kept`` (bool ``[n]`` over the ``n`` slots a forward writes, ``[batch, n]`` per row, or ``None``)
+    marks the slots whose keys and values stay what the layers held: attention reads those, the write
+    leaves them (a prefill after a caller's loaded cache feeds a length bucket of columns, the cached
+    ones among them only to fill it; a serve prefill after a stored prefix, the prefix's tokens that lie
+    among its padding columns).
     """
 
     def __init__(

@@ -51,20 +51,21 @@ holds position ``p``), from the columns the engine recorded at admission (moved 
 admission that reuses ``count`` tokens of an entry prefills only the rest of its prompt
 (:func:`reuse_program`): one forward over the rest, left-padded into its bucket, at positions ``count,
 count + 1, ...``, into a small cache whose first ``held`` columns (the bucket of the longest reused
-prefix) are the entry's, the first ``count`` of them visible; those ``held + bucket`` columns are then
-written into the row ending at the clock, exactly as a whole prompt's bucket is. Why the tokens are
-those the prompt gets prefilled whole: a key or value at position ``p`` depends only on the tokens up to
-``p`` (causal attention), so the stored ones are the ones a whole prefill computes, up to rounding;
-positions are passed explicitly, and ``valid`` hides the invisible stored columns and the padding between
-the stored prefix and the rest, so every query attends to exactly its prompt's earlier tokens. Columns
-no longer equal positions across that gap, which a sliding window or chunked attention counted in
-columns would see: such models get no store (:func:`prefix_refusal`; ``hfax serve`` then prefills every
-prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
+prefix) hold the entry's, rolled right so that its ``count`` tokens end just before the rest's first
+token; those ``held + bucket`` columns are then written into the row ending at the clock, exactly as a
+whole prompt's bucket is. Why the tokens are those the prompt gets prefilled whole: a key or value at
+position ``p`` depends only on the tokens up to ``p`` (causal attention), so the stored ones are the
+ones a whole prefill computes, up to rounding; positions are passed explicitly, ``valid`` hides every
+other column, and the prompt's tokens sit in consecutive columns ending at the clock, as in a whole
+prefill, so sliding windows and chunked attention counted in columns see what they see there (the
+stored tokens rolled among the rest's padding columns stay as loaded: ``kept``). Models whose window
+is counted from a forward's first query get no store (:func:`split_refusal`; ``hfax serve`` then
+prefills every prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
 programs of requests without a reused prefix are unchanged; a reusing prefill compiles per pair of
 buckets (stored, rest) and power of two of requests when first needed, and a keep (every entry's row
 of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
-(``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``) and tests/test_serve.py (through
-the openai client, against transformers) check it.
+(``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``, Llama and Gemma 3 with a window of 4)
+and tests/test_serve.py (through the openai client, against transformers) check it.
 
 Prefilling in pieces. With ``piece`` above 0 a long prompt can be prefilled a :class:`Piece` at a time
 (:meth:`SlotEngine.prefill`, :func:`piece_program`), with decode chunks of the other rows between pieces,
@@ -318,29 +319,53 @@ def reuse_program(
     static: SlotStatic,
 ) -> tuple[Any, Any]:
     """:func:`admit_program` for prompts whose first ``reused`` tokens (``[k]``) entry ``entry`` (``[k]``)
-    of the prefix ``store`` holds: those ``static.held`` columns of each entry (the first ``reused``
-    visible) go before the rest of its prompt, ``ids``/``mask`` (``[k, bucket]``, left-padded, at
-    positions ``reused, reused + 1, ...``), and one forward over the rest attends to them; the
-    ``static.held + bucket`` columns are written into each row ending at the clock."""
+    of the prefix ``store`` holds, before the rest of each prompt, ``ids``/``mask`` (``[k, bucket]``,
+    left-padded, at positions ``reused, reused + 1, ...``). One forward over the rest attends to a cache
+    of ``static.held + bucket`` columns holding each entry's first ``held`` columns, rolled so that its
+    ``reused`` tokens end just before the rest's first: the prompt's tokens sit in consecutive columns
+    ending at the clock, as a prompt prefilled whole does, so column distances are position distances
+    for sliding windows and chunks. Stored tokens that land among the rest's padding columns stay as
+    loaded (``kept``). Those columns are then written into each row ending at the clock."""
     held, prompt = static.held, ids.shape[1]
+    width = held + prompt
     axes = _slot_axes(model, static.step)
+    end = width - jnp.sum(
+        mask, axis=1, dtype=jnp.int32
+    )  # each prompt's first column after the prefix
+    first = end - reused  # each prompt's first column: its entry's columns move this far right
 
     def stored(name: str, value: Any) -> Any:
-        """Each request's entry's first ``held`` columns, then ``prompt`` empty ones."""
+        """Each request's entry's first ``held`` columns with ``prompt`` empty ones after, rolled
+        ``first`` columns right."""
+        axis = axes[name]
         taken = jax.lax.slice_in_dim(
-            jnp.take(value, entry, axis=0, mode="clip"), 0, held, axis=axes[name]
+            jnp.take(value, entry, axis=0, mode="clip"), 0, held, axis=axis
         )
         padding = [(0, 0)] * taken.ndim
-        padding[axes[name]] = (0, prompt)
-        return jnp.pad(taken, padding)
+        padding[axis] = (0, prompt)
+        return jax.vmap(lambda x, d: jnp.roll(x, d, axis=axis - 1))(jnp.pad(taken, padding), first)
 
     before = [{name: stored(name, value) for name, value in layer.items()} for layer in store]
-    visible = jnp.concatenate([jnp.arange(held)[None, :] < reused[:, None], mask], axis=1)
+    columns = jnp.arange(width)[None, :]
+    visible = ((columns >= first[:, None]) & (columns < end[:, None])) | (
+        jnp.concatenate([jnp.zeros((ids.shape[0], held), bool), mask], axis=1)
+    )
     positions = jnp.where(mask, reused[:, None] + jnp.cumsum(mask, axis=1) - 1, 1)
     window = Window(ids, positions, visible, held + jnp.arange(prompt), held)
     counted = reused + jnp.sum(mask, axis=1, dtype=jnp.int32)
     return _prefilled(
-        model, params, state, window, before, counted, row, settings, eos, allowed, static
+        model,
+        params,
+        state,
+        window,
+        before,
+        counted,
+        row,
+        settings,
+        eos,
+        allowed,
+        static,
+        kept=~mask,
     )
 
 
@@ -428,12 +453,14 @@ def _prefilled(
     eos: Any,
     allowed: Any,
     static: SlotStatic,
+    kept: Any = None,
 ) -> tuple[Any, Any]:
-    """The forward over ``window`` into a cache of its columns holding ``before`` (``None``: empty), its
-    columns written into rows ``row`` ending at the clock, each row's ``counted`` tokens so far and first
-    token chosen (see :func:`admit_program`)."""
+    """The forward over ``window`` into a cache of its columns holding ``before`` (``None``: empty; its
+    ``kept`` columns of the window, ``[k, window]``, left as they are), its columns written into rows
+    ``row`` ending at the clock, each row's ``counted`` tokens so far and first token chosen (see
+    :func:`admit_program`)."""
     forward = Forward(model, static.step, static.layout, params)
-    logits, small, _ = forward.decoder(window, before)
+    logits, small, _ = forward.decoder(window, before, kept=kept)
     width = window.valid.shape[1]
     first = state["clock"] - width
     axes = _slot_axes(model, static.step)
@@ -536,33 +563,21 @@ def store_program(model: Any, state: dict[str, Any], sizes: Any, static: Static)
     ]
 
 
-def split_refusal(model: Any, *, gap: bool) -> str:
+def split_refusal(model: Any) -> str:
     """Why a prompt of ``model`` cannot be prefilled in more than one forward and get the tokens it gets
-    prefilled whole (``""`` when it can): in pieces ending at the clock (``gap`` false, :func:`piece_program`:
-    every token keeps its column relative to the clock), or after a stored prefix across a gap of
-    padding (``gap``, :func:`reuse_program`: columns no longer follow positions). Either way a forward
-    starts mid-prompt, which a window counted back from a forward's first query (``Span.cached_only``)
-    sees; across a gap, so does every window or chunk counted in columns. The same rule answers for
-    prefix caching (``prefix_refusal``) and prefilling in pieces (``piece_refusal``)."""
+    prefilled whole (``""`` when it can): in pieces (:func:`piece_program`) or after a stored prefix
+    (:func:`reuse_program`). Both keep a prompt's tokens in consecutive columns ending at the clock, so
+    windows and chunks counted in columns see what they see in a whole prefill; but a forward starts
+    mid-prompt, which a window counted back from a forward's first query (``Span.cached_only``) sees.
+    The same rule answers for prefix caching (``prefix_refusal``) and prefilling in pieces
+    (``piece_refusal``)."""
     form = masks.form(model.config, model.module)
-    name = type(model.module).__name__
     started = [kind for kind, span in form.spans if span.cached_only and span.window is not None]
     if started:
         return (
-            f"{name}'s {', '.join(started)} layers count their window back from the first token of "
-            "each forward, so a prompt split over forwards sees other tokens than one prefilled whole"
-        )
-    bounded = [
-        f"{kind} layers see a sliding window of {span.window} tokens"
-        if span.window is not None
-        else f"{kind} layers see chunks of {span.chunk} tokens"
-        for kind, span in form.spans
-        if span.window is not None or span.chunk is not None
-    ]
-    if gap and bounded:
-        return (
-            f"{name}'s {', '.join(bounded)}, counted in cache columns; prefix caching keeps only "
-            "models whose layers all see every earlier token"
+            f"{type(model.module).__name__}'s {', '.join(started)} layers count their window back from "
+            "the first token of each forward, so a prompt split over forwards sees other tokens than one "
+            "prefilled whole"
         )
     return ""
 
@@ -837,8 +852,8 @@ class SlotEngine:
         self.state = program(model.params, valid, table, static=self._decode_static)
         self.clock = 0  # the host's copy of the device's clock
         self.vocab = int(self.state["rows"]["counts"].shape[1])
-        self.prefix_refusal = split_refusal(model, gap=True) if prefixes else ""
-        self.piece_refusal = split_refusal(model, gap=False) if piece else ""
+        self.prefix_refusal = split_refusal(model) if prefixes else ""
+        self.piece_refusal = split_refusal(model) if piece else ""
         self.piece = 0 if self.piece_refusal else piece
         self.prefixes = 0 if self.prefix_refusal else prefixes
         most = bucket(max(length // 2, 1), MIN_LENGTH_BUCKET)  # half a row, in whole buckets
@@ -936,12 +951,8 @@ class SlotEngine:
             self.state, chosen = program(
                 self.model.params, self.state, *args, self.eos, allowed, static=static
             )
-        for request, n in zip(requests, reused):
-            first = self.clock - held - size  # the stored columns', then the rest's
-            rest = len(request.ids) - n
-            columns = np.concatenate(
-                [first + np.arange(n), self.clock - rest + np.arange(rest)]
-            ).astype(np.int32)
+        for request in requests:  # reused or not, a prompt's tokens end at the clock
+            columns = (self.clock - len(request.ids) + np.arange(len(request.ids))).astype(np.int32)
             self._prompts[request.row] = (list(request.ids), columns)
             self._decoding.add(request.row)
         host = {name: np.asarray(value) for name, value in chosen.items()}
