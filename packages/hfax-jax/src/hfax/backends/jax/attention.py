@@ -87,6 +87,8 @@ def attention_forward(
     )
     if around_write is not None:
         return around_write.transpose(1, 2), None
+    if sliding_window and attention_mask is not None and query.shape[2] == 1:
+        key, value, attention_mask = _window_of_one_slot(key, value, attention_mask, sliding_window)
     if attention_mask is None:
         causal = (
             is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -211,6 +213,23 @@ def attend(
         )
     output = output.astype(query.dtype).reshape(batch, heads, length_q, dim)
     return jnp.where(sees, output, 0)
+
+
+def _window_of_one_slot(key: Any, value: Any, mask: Any, window: int) -> tuple[Any, Any, Any]:
+    """``key``/``value`` buffers (``[batch, kv_heads, length, head_dim]``) that a ``SlotLayer`` returned
+    with one slot written (not in place: on a mesh, or beside layers that are not attention), and the
+    one query's ``mask``, cut to the ``window`` slots that end at that slot, as :func:`_last_slots` cuts
+    them in place; unchanged when the buffers are no such write or hold no more than the window."""
+    slot = cache.one_slot(key)
+    if slot is None or window >= key.shape[2] or mask.shape[-1] != key.shape[2]:
+        return key, value, mask
+
+    def cut(k: jax.Array, v: jax.Array, m: jax.Array, at: jax.Array) -> Any:
+        start = jnp.clip(at - window + 1, 0, k.shape[2] - window)
+        part = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=start, slice_size=window)
+        return part(k, axis=2), part(v, axis=2), part(m, axis=-1)
+
+    return torchax.interop.call_jax(cut, key, value, mask, slot)
 
 
 def _last_slots(

@@ -67,6 +67,15 @@ def _tagged(tensor: torch.Tensor, write: Written) -> torch.Tensor:
     return tensor
 
 
+_ONE_SLOT = "_hfax_one_slot"
+
+
+def one_slot(tensor: Any) -> Any:
+    """The slot a ``SlotLayer`` wrote one key or value into, where ``tensor`` is a buffer it returned with
+    that write done (not in place; ``None`` otherwise): where a decode step's one query sits."""
+    return getattr(tensor, _ONE_SLOT, None)
+
+
 def _comparison(op: Callable[[int, int], bool], traced: Any) -> Any:
     def compare(self: CacheLength, other: Any) -> Any:
         return self._compared(other, op, traced)
@@ -212,6 +221,8 @@ class SlotLayer(CacheLayerMixin):
         keys, values = self.written(slot)
         if not self.cache.in_place:
             self.keys, self.values, self.states = keys, values, None
+            if key_states.shape[2] == 1:
+                setattr(keys, _ONE_SLOT, slot)
             return keys, values
         return (
             _tagged(
