@@ -110,8 +110,9 @@ class Forward:
         model without a cache reads all of the window's ids and gives the logits at position ``at``; the
         others give the last position's, or with ``every`` every position's (``[batch, window, vocab]``).
         ``token_types`` are the whole prompt's, for its image blocks, where the window is the part after a
-        loaded cache (else ``inputs``' own). ``kept`` (bool ``[window]``, or ``[batch, window]``) marks the window's columns whose
-        cached keys and values stay as ``states`` hold them (:class:`~hfax.backends.jax.cache.SlotCache`)."""
+        loaded cache (else ``inputs``' own). ``kept`` (bool ``[window]``, or ``[batch, window]``) marks
+        the window's columns whose cached keys and values stay as ``states`` hold them
+        (:class:`~hfax.backends.jax.cache.SlotCache`)."""
         static = self.static
         constants = inputs is not None and bool(static.constants)
         if constants:

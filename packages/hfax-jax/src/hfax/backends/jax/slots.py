@@ -60,12 +60,13 @@ other column, and the prompt's tokens sit in consecutive columns ending at the c
 prefill, so sliding windows and chunked attention counted in columns see what they see there (the
 stored tokens rolled among the rest's padding columns stay as loaded: ``kept``). Models whose window
 is counted from a forward's first query get no store (:func:`split_refusal`; ``hfax serve`` then
-prefills every prompt whole), and recurrent models are not served at all. Programs: the admission, keep and store
-programs of requests without a reused prefix are unchanged; a reusing prefill compiles per pair of
-buckets (stored, rest) and power of two of requests when first needed, and a keep (every entry's row
-of it, padding or not) per bucket of tokens kept, all when the engine is made. packages/hfax-jax/tests/test_slots.py
-(``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``, Llama and Gemma 3 with a window of 4)
-and tests/test_serve.py (through the openai client, against transformers) check it.
+prefills every prompt whole), and recurrent models are not served at all. Programs: the admission,
+keep and store programs of requests without a reused prefix are unchanged; a reusing prefill compiles
+per pair of buckets (stored, rest) and power of two of requests when first needed, and a keep (every
+entry's row of it, padding or not) per bucket of tokens kept, all when the engine is made.
+packages/hfax-jax/tests/test_slots.py (``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``,
+Llama and Gemma 3 with a window of 4) and tests/test_serve.py (through the openai client, against
+transformers; a Mistral with a window of 5 through the scheduler) check it.
 
 Prefilling in pieces. With ``piece`` above 0 a long prompt can be prefilled a :class:`Piece` at a time
 (:meth:`SlotEngine.prefill`, :func:`piece_program`), with decode chunks of the other rows between pieces,
@@ -329,10 +330,10 @@ def reuse_program(
     held, prompt = static.held, ids.shape[1]
     width = held + prompt
     axes = _slot_axes(model, static.step)
-    end = width - jnp.sum(
-        mask, axis=1, dtype=jnp.int32
-    )  # each prompt's first column after the prefix
-    first = end - reused  # each prompt's first column: its entry's columns move this far right
+    # Each prompt's first column after its stored prefix, and its first column: how far right its
+    # entry's columns move.
+    end = width - jnp.sum(mask, axis=1, dtype=jnp.int32)
+    first = end - reused
 
     def stored(name: str, value: Any) -> Any:
         """Each request's entry's first ``held`` columns with ``prompt`` empty ones after, rolled
