@@ -302,6 +302,35 @@ def test_prompts_reusing_a_stored_prefix_get_their_generate_tokens(tiny, name):
         engine.admit([Admission(1, prompts[3], Sampling(0.0), NEW, reuse=Reuse(0, 43))])
 
 
+def test_a_chunked_attention_model_reusing_a_stored_prefix_gets_its_generate_tokens(tmp_path):
+    # hfax.testing's tiny Llama 4 (its first layer sees chunks of 4 positions, a 64-token vocabulary):
+    # prompts of 39 and 33 tokens reuse the first 32 of another's, stored; chunk boundaries fall inside
+    # the stored prefix and after it, and both get generate's tokens, as the prompt kept does.
+    import hfax
+    from hfax.generation.slots import Kept, Reuse
+    from hfax.testing import save_tiny
+    from hfax.testing.configs import mask_config
+
+    save_tiny(mask_config("llama4"), tmp_path, "AutoModelForCausalLM")
+    model = hfax.AutoModelForCausalLM.from_pretrained(str(tmp_path), backend="jax")
+    shared = [1, *np.random.default_rng(3).integers(4, 64, 35).tolist()]
+    prompts = [shared + [5, 9], shared + [30, 40, 7], shared[:32] + [11]]
+    greedy = [_generated(model, p, do_sample=False) for p in prompts]
+    engine = SlotEngine(model, slots=4, length=160, chunk=4, prefixes=2)
+    assert engine.prefixes == 2 and engine.prefix_refusal == ""
+    engine.shift(64)
+    tokens = {0: [int(_admit(engine, 0, prompts[0], Sampling(0.0))["token"])]}
+    engine.keep([Kept(0, 1, 32)])
+    reused = [
+        Admission(row, prompt, Sampling(0.0), NEW, reuse=Reuse(1, 32))
+        for row, prompt in ((1, prompts[1]), (2, prompts[2]))
+    ]
+    engine.shift(16)
+    tokens.update({r.row: [int(c["token"])] for r, c in zip(reused, engine.admit(reused))})
+    tokens = _finish(engine, tokens, 3)
+    assert [tokens[0], tokens[1], tokens[2]] == greedy
+
+
 LONG = [1, *np.random.default_rng(3).integers(4, 128, 69).tolist()]  # 70 tokens: 6, then two of 32
 
 

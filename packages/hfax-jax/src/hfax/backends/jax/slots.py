@@ -65,7 +65,7 @@ keep and store programs of requests without a reused prefix are unchanged; a reu
 per pair of buckets (stored, rest) and power of two of requests when first needed, and a keep (every
 entry's row of it, padding or not) per bucket of tokens kept, all when the engine is made.
 packages/hfax-jax/tests/test_slots.py (``test_prompts_reusing_a_stored_prefix_get_their_generate_tokens``,
-Llama and Gemma 3 with a window of 4) and tests/test_serve.py (through the openai client, against
+Llama and Gemma 3 with a window of 4; a Llama 4 with chunks of 4) and tests/test_serve.py (through the openai client, against
 transformers; a Mistral with a window of 5 through the scheduler) check it.
 
 Prefilling in pieces. With ``piece`` above 0 a long prompt can be prefilled a :class:`Piece` at a time
