@@ -225,11 +225,19 @@ def _window_of_one_slot(key: Any, value: Any, mask: Any, window: int) -> tuple[A
         return key, value, mask
 
     def cut(k: jax.Array, v: jax.Array, m: jax.Array, at: jax.Array) -> Any:
-        start = jnp.clip(at - window + 1, 0, k.shape[2] - window)
-        part = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=start, slice_size=window)
+        part = _window_ending_at(at, window, k.shape[2])[1]
         return part(k, axis=2), part(v, axis=2), part(m, axis=-1)
 
     return torchax.interop.call_jax(cut, key, value, mask, slot)
+
+
+def _window_ending_at(slot: Any, window: int, length: int) -> tuple[Any, Any]:
+    """The first of the ``window`` slots (of ``length``) that end at ``slot``, from slot 0 while fewer
+    precede it, and a slicer of them along an ``axis``: the cut both window paths make."""
+    start = jnp.clip(slot - window + 1, 0, length - window)
+    return start, functools.partial(
+        jax.lax.dynamic_slice_in_dim, start_index=start, slice_size=window
+    )
 
 
 def _last_slots(
@@ -238,8 +246,7 @@ def _last_slots(
     """The write of one slot with its buffers and ``mask`` cut to the ``window`` slots that end at it (from
     slot 0 while fewer precede it); the slot is then counted from the cut's start. Keys are stored
     ``[batch, kv_heads, head_dim, length]`` here, values ``[batch, kv_heads, length, head_dim]``."""
-    start = jnp.clip(keys.slot - window + 1, 0, mask.shape[-1] - window)
-    cut = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=start, slice_size=window)
+    start, cut = _window_ending_at(keys.slot, window, mask.shape[-1])
     keys = cache.Written(cut(keys.before, axis=3), keys.states, keys.slot - start)
     values = cache.Written(cut(values.before, axis=2), values.states, values.slot - start)
     return keys, values, cut(mask, axis=-1)

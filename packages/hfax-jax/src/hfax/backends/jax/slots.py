@@ -853,8 +853,9 @@ class SlotEngine:
         self.state = program(model.params, valid, table, static=self._decode_static)
         self.clock = 0  # the host's copy of the device's clock
         self.vocab = int(self.state["rows"]["counts"].shape[1])
-        self.prefix_refusal = split_refusal(model) if prefixes else ""
-        self.piece_refusal = split_refusal(model) if piece else ""
+        refusal = split_refusal(model) if prefixes or piece else ""  # one rule for both
+        self.prefix_refusal = refusal if prefixes else ""
+        self.piece_refusal = refusal if piece else ""
         self.piece = 0 if self.piece_refusal else piece
         self.prefixes = 0 if self.prefix_refusal else prefixes
         most = bucket(max(length // 2, 1), MIN_LENGTH_BUCKET)  # half a row, in whole buckets
