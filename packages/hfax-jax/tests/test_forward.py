@@ -228,6 +228,36 @@ def test_calls_of_many_lengths_share_a_padded_program_and_give_transformers_logi
     np.testing.assert_allclose(np.asarray(single), want, atol=1e-4)
 
 
+def test_torch_inputs_get_the_programs_logits_as_a_tensor_without_a_copy(tiny, monkeypatch):
+    """Torch ids in: the logits come back as a tensor over the program's own buffer, not a copy (a forward's
+    logits run to hundreds of megabytes); writing into it changes no later answer. An array the program was
+    given and hands back unchanged is copied, so no tensor the caller gets writes into the weights."""
+    from hfax.backends.jax import model as jax_model
+
+    _, ref, model = tiny("llama")
+    copies = []
+    host_tensor = jax_model.host_tensor
+    monkeypatch.setattr(
+        jax_model, "host_tensor", lambda array: copies.append(array) or host_tensor(array)
+    )
+    ids = torch.as_tensor(IDS[:, :5])
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits.numpy()
+    got = model(input_ids=ids).logits
+    assert copies == []
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-4)
+    got.fill_(0.0)
+    np.testing.assert_allclose(model(input_ids=ids).logits.numpy(), want, atol=1e-4)
+
+    weight = next(iter(model.params.values()))
+    fresh = weight + 1
+    torch_ids = {"input_ids": ids}
+    out = jax_model._like_inputs({"given": weight, "fresh": fresh}, torch_ids, (model.params, {}))
+    assert out["fresh"].data_ptr() == fresh.unsafe_buffer_pointer()
+    assert out["given"].data_ptr() != weight.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(out["given"].numpy(), np.asarray(weight))
+
+
 def test_a_call_that_asks_for_more_than_logits_runs_at_its_own_shape(tiny):
     """Hidden states (and anything but ids and a mask) are not padded: they come back at the call's shape."""
     _, ref, model = tiny("llama")

@@ -146,13 +146,15 @@ class JaxModel(BackendModel):
             static[name] = constants.Constant(name, np.asarray(arrays.pop(name)))  # image sizes
         if self.pad_forward and forward_buckets.pads(self.module, inputs):
             padded, padding = forward_buckets.padded(inputs)
-            whole = self._run_forward({**arrays, **_as_jax_all(padded, self._signature)}, static)
-            output = forward_buckets.cut(_like_inputs(whole, inputs), padding)
+            padded_arrays = {**arrays, **_as_jax_all(padded, self._signature)}
+            whole = self._run_forward(padded_arrays, static)
+            given = (self.params, padded_arrays)
+            output = forward_buckets.cut(_like_inputs(whole, inputs, given), padding)
             if output is not None:
                 return output
             # Its output holds more than logits: this call and every later one run at their own shape.
             self.pad_forward = False
-        return _like_inputs(self._run_forward(arrays, static), inputs)
+        return _like_inputs(self._run_forward(arrays, static), inputs, (self.params, arrays))
 
     def _run_forward(self, arrays: dict[str, Any], static: dict[str, Any]) -> Any:
         arrays = shard_batch(arrays, self.mesh)
@@ -167,11 +169,31 @@ class JaxModel(BackendModel):
         return generation.generate(self, input_ids, attention_mask, **options)
 
 
-def _like_inputs(output: Any, inputs: dict[str, Any]) -> Any:
-    """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor."""
+def _like_inputs(output: Any, inputs: dict[str, Any], given: Any) -> Any:
+    """``output`` with CPU torch tensors for its arrays when any of ``inputs`` is a torch tensor.
+
+    An array on one CPU device becomes its tensor without a copy (DLPack): a forward's logits run to
+    hundreds of megabytes. An array the program was ``given`` comes back as that same array when the program
+    returns it unchanged, so it is copied: writing into the tensor then changes neither the weights nor
+    the caller's arrays.
+    """
     if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
         return output
-    return jax.tree.map(lambda x: host_tensor(x) if isinstance(x, jax.Array) else x, output)
+    given_ids = {id(leaf) for leaf in jax.tree.leaves(given)}
+
+    def tensor(array: Any) -> Any:
+        if not isinstance(array, jax.Array):
+            return array
+        if id(array) in given_ids or not _on_one_cpu(array):
+            return host_tensor(array)
+        return torch.from_dlpack(array)
+
+    return jax.tree.map(tensor, output)
+
+
+def _on_one_cpu(array: jax.Array) -> bool:
+    devices = array.devices()
+    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
 
 
 def _as_jax_all(padded: dict[str, Any], signature: Any) -> dict[str, jax.Array]:
