@@ -553,10 +553,12 @@ def buffer_dtype(model_dtype: Any, platform: str) -> torch.dtype | None:
 
 
 def ordered_after(index: jax.Array, value: jax.Array) -> jax.Array:
-    """``index``, made to depend on every element of ``value``.
+    """``index``, made to depend on ``value``.
 
     XLA orders an in-place update after other reads of the buffer only when the update data-depends on
-    them; ``min(i, i + isnan(any))`` is always ``i`` but cannot be computed before ``value``.
+    them; ``min(i, i + isnan(any))`` is always ``i`` but cannot be computed before ``value``. A value
+    computed from every read suffices, however small: the decode step passes one vocabulary column of
+    the logits, which needs the whole last hidden state, rather than a pass over every logit.
     """
     index = jnp.asarray(index, jnp.int32)  # a traced slot, or the prefill's 0
     return jnp.minimum(index, index + jnp.isnan(value).any().astype(index.dtype))
