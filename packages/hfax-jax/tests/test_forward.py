@@ -245,6 +245,8 @@ def test_torch_inputs_get_the_programs_logits_as_a_tensor_without_a_copy(tiny, m
         want = ref(input_ids=ids).logits.numpy()
     got = model(input_ids=ids).logits
     assert copies == []
+    # The cut logits are a view of the padded program's: their storage holds the whole bucket.
+    assert got.untyped_storage().nbytes() > got.numel() * got.element_size()
     np.testing.assert_allclose(got.numpy(), want, atol=1e-4)
     got.fill_(0.0)
     np.testing.assert_allclose(model(input_ids=ids).logits.numpy(), want, atol=1e-4)

@@ -148,9 +148,7 @@ class Forward:
             # Multimodal positions among the inputs replace the plain ones.
             output = self._call(tparams, kwargs, cache, twindow.positions, tinputs, every=every)
             logits = output.logits if at is not None or every else output.logits[:, -1, :]
-            # One vocabulary column of every position: computed from the whole last hidden state,
-            # so after every read of the cache (ordered_after), without a pass over all the logits.
-            after = output.logits[..., :1]
+            after = output.logits[..., :1]  # one column suffices (cache.ordered_after)
             new_states = cache.states(after=after) if cache is not None else []
             recorded = {
                 name: layer_outputs.stacked(getattr(output, name))
