@@ -22,7 +22,7 @@ def activation(x):
 
 @hfax.hookimpl
 def hfax_families():
-    return [hfax.FamilySpec("upgraded", model_types=("gpt2",), transformers=">=5.23,<5.25")]
+    return [hfax.FamilySpec("upgraded", model_types=("gpt2",), transformers=">=5.23,<5.26")]
 
 
 @hfax.hookimpl

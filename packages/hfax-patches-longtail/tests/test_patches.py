@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from transformers.models.longcat_flash.modeling_longcat_flash import LongcatFlashExperts
 
 from hfax.patches.longtail import families
 from hfax.patching import Patcher
@@ -57,11 +58,28 @@ def assert_patch_keeps(model, family, backend="none", **inputs):
 IDS, MASK = left_padded([[5, 9, 13, 2, 44, 7, 11], [3, 8, 21, 30]])
 
 
-@pytest.mark.parametrize("family", ["dbrx", "jetmoe", "longcat_flash", "qwen4_exp"])
+#: LongCat-Flash's experts loop in Python before transformers 5.25; from 5.25 on the class is under
+#: `@use_experts_implementation`, which gives it `_apply_gate` (see the test after this one).
+LONGCAT = [] if hasattr(LongcatFlashExperts, "_apply_gate") else ["longcat_flash"]
+
+
+@pytest.mark.parametrize("family", ["dbrx", "jetmoe", *LONGCAT, "qwen4_exp"])
 def test_static_loops_give_transformers_logits(family):
     # Experts (and Qwen4-Exp's indexer) chosen per batch by a Python loop, replaced by static code.
     model = tiny(looping_config(family))
     assert_patch_keeps(model, family, input_ids=IDS, attention_mask=MASK)
+
+
+def test_longcat_flash_experts_under_transformers_experts_interface_are_left_to_core():
+    # From transformers 5.25 on, LongCat-Flash's experts layer is under `@use_experts_implementation`
+    # (core's generic static path serves it, test_conformance's longcat_flash case checks the tokens); the
+    # family binds its own forward only to the older layer, which loops over routed and identity experts.
+    model = tiny(looping_config("longcat_flash"))
+    experts = [m for m in model.modules() if type(m).__name__ == "LongcatFlashExperts"]
+    patcher = Patcher(model)
+    families.longcat_flash.hfax_patch_model(model=model, backend="none", patcher=patcher)
+    looping = [m for m in experts if hasattr(m, "num_routed_experts")]
+    assert experts and [target for target, _ in patcher.patched] == looping
 
 
 def test_qwen4_exp_decodes_without_a_cache(fresh_plugins):

@@ -53,7 +53,7 @@ def hfax_families() -> list[FamilySpec]:
 
         @hfax.hookimpl
         def hfax_families():
-            return [hfax.FamilySpec("llama", model_types=("llama", "mistral"), transformers=">=5.23,<5.25")]
+            return [hfax.FamilySpec("llama", model_types=("llama", "mistral"), transformers=">=5.23,<5.26")]
     """
 
 

@@ -11,7 +11,7 @@ FAMILY = "example"
 
 @hfax.hookimpl
 def hfax_families() -> list[hfax.FamilySpec]:
-    return [hfax.FamilySpec(FAMILY, model_types=("gpt2",), transformers=">=5.23,<5.25")]
+    return [hfax.FamilySpec(FAMILY, model_types=("gpt2",), transformers=">=5.23,<5.26")]
 
 
 @hfax.hookimpl

@@ -18,7 +18,7 @@ FAMILY = "gemma"
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 
 #: The transformers versions the family was tested with; outside them hfax warns (strict: raises).
-TRANSFORMERS = ">=5.23,<5.25"
+TRANSFORMERS = ">=5.23,<5.26"
 
 
 @hookimpl

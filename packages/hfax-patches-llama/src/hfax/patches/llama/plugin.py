@@ -20,7 +20,7 @@ FAMILY = "llama"
 MODEL_TYPES = ("llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "granite")
 
 #: The transformers versions the family was tested with; outside them hfax warns (strict: raises).
-TRANSFORMERS = ">=5.23,<5.25"
+TRANSFORMERS = ">=5.23,<5.26"
 
 
 @hookimpl

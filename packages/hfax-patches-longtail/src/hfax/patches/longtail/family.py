@@ -24,7 +24,7 @@ from hfax.generation.traits import GenerationTraits
 
 #: The transformers versions the long-tail families were tested with; outside them hfax warns (strict:
 #: raises).
-TRANSFORMERS = ">=5.23,<5.25"
+TRANSFORMERS = ">=5.23,<5.26"
 
 #: The priority of a long-tail family's claim: below a dedicated family's.
 PRIORITY = -1

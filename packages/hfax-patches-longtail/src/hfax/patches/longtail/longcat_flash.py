@@ -1,6 +1,11 @@
 """LongCat-Flash's experts with static shapes, on every backend: every routed expert runs on every token,
 weighted by the router with its identity experts (:func:`hfax.experts.weighted`), where transformers loops
 in Python over the experts a batch hits (``nonzero`` of the routing, a data-dependent shape).
+
+That loop is transformers 5.23's and 5.24's layer, whose routed and identity experts share one table
+(``num_routed_experts``, ``zero_expert_num``). From 5.25 on the layer is under
+``@use_experts_implementation``, with the identity experts handled by ``LongcatFlashMoE`` around it, and
+core's generic static experts path (:mod:`hfax.experts`) serves it: :func:`patch_model` leaves it alone.
 """
 
 from __future__ import annotations
@@ -26,5 +31,9 @@ def longcat_experts(self: Any, hidden_states: Any, top_k_index: Any, top_k_weigh
     return weighted(out, top_k_index, top_k_weights, identity).to(hidden_states.dtype)
 
 
-#: LongCat-Flash's experts: class name -> (method, its replacement).
-PATCHES = {"LongcatFlashExperts": ("forward", longcat_experts)}
+def patch_model(model: Any, patcher: Any) -> None:
+    """Every ``LongcatFlashExperts`` of ``model`` that loops over its routed and identity experts (the
+    layout with ``num_routed_experts``) runs :func:`longcat_experts` instead."""
+    for module in model.modules():
+        if type(module).__name__ == "LongcatFlashExperts" and hasattr(module, "num_routed_experts"):
+            patcher.bind(module, "forward", longcat_experts)

@@ -29,9 +29,12 @@ def qwen4_exp_blocks(
     position_embeddings: Any,
     attention_mask: Any,
     past_key_values: Any,
+    **kwargs: Any,
 ) -> Any:
     """``Qwen4ExpTextQSAIndexer.forward``: the boolean ``[batch, 1, queries, keys]`` mask of the keys each
-    query attends to, as transformers' loop selects them."""
+    query attends to, as transformers' loop selects them. ``kwargs`` are the layer's own keyword arguments
+    (``output_router_logits`` and the rest of transformers' kwargs, handed on from transformers 5.25):
+    none of them changes which keys are chosen."""
     import torch
     from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
 
