@@ -12,7 +12,7 @@ import transformers
 import hfax
 from hfax import masks
 from hfax.generation import shapes as generation
-from hfax.generation.traits import Appended, GenerationTraits, generation_traits
+from hfax.generation.traits import Appended, GenerationTraits, asked_once, generation_traits
 from hfax.plugins import PluginConflictError, PluginHookError
 
 
@@ -109,6 +109,39 @@ def test_generation_traits_merge_and_conflict():
     hfax.register(TraitsPlugin(GenerationTraits(appended=Appended(4, None))), "d")
     with pytest.raises(PluginConflictError, match=r"\['c', 'd'\].*'appended'"):
         generation_traits(model)
+
+
+class CountingTraitsPlugin(TraitsPlugin):
+    """A :class:`TraitsPlugin` that counts the models it was asked about."""
+
+    def __init__(self, traits):
+        super().__init__(traits)
+        self.asked = []
+
+    @hfax.hookimpl
+    def hfax_generation_traits(self, config):
+        self.asked.append(config.model_type)
+        return self.traits if config.model_type == "traited" else None
+
+
+def test_one_generate_call_asks_each_models_traits_once():
+    # Inside asked_once (each generate call) the plugins answer once per model; outside it, and in the
+    # next call, they are asked again, so a plugin registered between calls is heard.
+    model, other = TraitedModel(), TraitedModel("plain")
+    plugin = CountingTraitsPlugin(GenerationTraits(local_attention_window=8))
+    hfax.register(plugin, "counting")
+    with asked_once():
+        windows = [
+            generation_traits(m).local_attention_window for m in (model, model, other, model)
+        ]
+    assert windows == [8, 8, None, 8] and plugin.asked == ["traited", "plain"]
+    with asked_once():
+        generation_traits(model)
+    generation_traits(model)
+    assert plugin.asked == ["traited", "plain", "traited", "traited"]
+    hfax.register(TraitsPlugin(GenerationTraits(local_attention_window=4)), "narrower")
+    with asked_once():
+        assert generation_traits(model).local_attention_window == 4
 
 
 def test_a_generation_traits_answer_of_another_type_fails_the_call():

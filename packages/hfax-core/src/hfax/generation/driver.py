@@ -32,6 +32,7 @@ from hfax.generation.shapes import (
     bucket,
     pad_prompts,
 )
+from hfax.generation.traits import asked_once
 
 #: New tokens per chunk when the host checks stop strings, stopping criteria or a time limit between chunks.
 CHECK_CHUNK = 16
@@ -206,6 +207,7 @@ def _left_padded(value: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return padded
 
 
+@asked_once()
 def generate(
     model: Any,
     engine: Engine,
@@ -215,7 +217,8 @@ def generate(
     streamer: Any = None,
     **options: Any,
 ) -> Any:
-    """transformers' ``generate`` on ``engine``: see the module docstring."""
+    """transformers' ``generate`` on ``engine``: see the module docstring. A model's generation traits
+    are asked of the plugins once per call (:func:`hfax.generation.traits.asked_once`)."""
     check_streamer(streamer)
     request = settings.prepare(model, input_ids, attention_mask, options, engine.features)
     if input_ids is None:  # embeddings, or an encoder's features: the result takes their type

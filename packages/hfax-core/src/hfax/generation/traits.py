@@ -5,12 +5,17 @@ cache can hold their decode state, a local-attention window, a token appended to
 a decoder prompt built from special tokens, the ``generate`` options their own ``generate`` takes);
 :func:`generation_traits` merges every plugin's answer, and the generation core acts on the result
 without naming any architecture. Importing this module imports neither torch nor jax.
+
+Inside :func:`asked_once` (every ``generate`` call: :func:`hfax.generation.driver.generate`) each model's
+traits are asked of the plugins once, and the settings, the shapes and the engine read that one answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +153,37 @@ def generation_traits(module: Any) -> GenerationTraits:
     return traits
 
 
+#: The traits answered inside :func:`asked_once`, by the ``id`` of the model asked about.
+_ANSWERED: contextvars.ContextVar[dict[int, GenerationTraits] | None] = contextvars.ContextVar(
+    "hfax_answered_traits", default=None
+)
+
+
+@contextlib.contextmanager
+def asked_once() -> Iterator[None]:
+    """Within the block, each model's traits are asked of the plugins once (a ``generate`` call: its model
+    and config stay what they are while it runs, so every answer would be the same)."""
+    token = _ANSWERED.set({})
+    try:
+        yield
+    finally:
+        _ANSWERED.reset(token)
+
+
 def answered_traits(module: Any) -> GenerationTraits:
-    """What every plugin's ``hfax_generation_traits`` says about ``module``, merged, a refusal included."""
+    """What every plugin's ``hfax_generation_traits`` says about ``module``, merged, a refusal included;
+    inside :func:`asked_once`, the first answer for ``module``."""
+    answered = _ANSWERED.get()
+    if answered is not None and id(module) in answered:
+        return answered[id(module)]
+    traits = _asked(module)
+    if answered is not None:
+        answered[id(module)] = traits
+    return traits
+
+
+def _asked(module: Any) -> GenerationTraits:
+    """Every plugin's ``hfax_generation_traits`` answer for ``module``, merged."""
     from hfax import plugins
 
     hook = plugins.get_plugin_manager().hook.hfax_generation_traits
