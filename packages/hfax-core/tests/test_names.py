@@ -12,13 +12,15 @@ A model id such as ``google/gemma-3-270m`` (the CLI's help) is a model, not an a
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
 from pathlib import Path
 
 import pytest
-from transformers.models.auto import configuration_auto, modeling_auto
+import transformers
+from transformers.models.auto import configuration_auto
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "hfax"
 
@@ -37,11 +39,29 @@ def _names() -> frozenset[str]:
     """Every model type of transformers' auto mappings and every class name they map one to."""
     types = set(configuration_auto.CONFIG_MAPPING_NAMES) - set(GENERIC)
     classes = set(configuration_auto.CONFIG_MAPPING_NAMES.values())
-    for key, mapping in vars(modeling_auto).items():
-        if key.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
-            for value in mapping.values():
-                classes.update((value,) if isinstance(value, str) else value)
+    for mapping in _model_mappings():
+        for value in mapping.values():
+            classes.update((value,) if isinstance(value, str) else value)
     return frozenset(types | classes)
+
+
+def _model_mappings() -> list[dict[str, str | tuple[str, ...]]]:
+    """The ``*_MAPPING_NAMES`` tables of transformers' ``modeling_auto``, read from its source: without
+    torch (hfax-core's own session) importing that module gives transformers' placeholder."""
+    path = Path(transformers.__file__).parent / "models" / "auto" / "modeling_auto.py"
+    mappings = []
+    for node in ast.parse(path.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(target, "id", "") for target in node.targets][0].endswith("_MAPPING_NAMES")
+            and isinstance(node.value, ast.Call)
+            and node.value.args
+        ):
+            try:
+                mappings.append(dict(ast.literal_eval(node.value.args[0])))
+            except ValueError:  # a table built from others, whose entries are in them
+                continue
+    return mappings
 
 
 NAMES = _names()
