@@ -154,6 +154,26 @@ def test_merge_replaces_the_rows_it_ran_again():
     assert "re-run on 2026-01-02: causal/llama" in coverage.render(merged)
 
 
+def test_a_merge_on_a_newer_transformers_names_it_beside_its_rows_and_keeps_the_columns_versions():
+    """Rows of a new transformers release's architectures, run and merged on that release, say so: the
+    column still names the versions its sweep of every row ran on."""
+    meta = RUN_META
+    passing = {"status": {"reference": "pass", "jax.load": "pass"}, "errors": {}, "seconds": 1.0}
+    previous = coverage.summarize(
+        {"causal": {"llama": passing}}, {**meta, "generated": "2026-01-01"}, None
+    )
+    newer = {**meta["versions"], "transformers": "9.9.0"}
+    merged = coverage.summarize(
+        {"causal": {"newarch": passing}}, {**meta, "versions": newer}, previous, merge=True
+    )
+    assert merged["column_versions"]["jax"] == meta["versions"]
+    assert set(merged["kinds"]["causal"]["rows"]) == {"llama", "newarch"}
+    rendered = coverage.render(merged)
+    assert "re-run on 2026-01-02 with transformers 9.9.0: causal/newarch" in rendered
+    same = coverage.summarize({"causal": {"newarch": passing}}, meta, previous, merge=True)
+    assert "re-run on 2026-01-02: causal/newarch" in coverage.render(same)
+
+
 def test_a_backends_run_adds_its_column_to_the_rows():
     """The torch_xla column comes from its own venv: merged, its cells join the JAX rows, which stay."""
     meta = RUN_META

@@ -439,9 +439,25 @@ def summarize(
         "floor": {},
     }
     document["mapped"] = {**(previous or {}).get("mapped", {}), **meta.get("mapped", {})}
+    previous_versions = (previous or {}).get("column_versions", {})
+    # A merge run on other versions than a column's whole sweep (a newer transformers) leaves the column's
+    # versions as they were and names its own beside the rows it re-ran: the column stays what its sweep ran.
+    other_versions: dict[str, str] = {}
+    if merge:
+        for backend in set(ran_backends) & set(previous_versions):
+            swept = previous_versions[backend]
+            other_versions.update(
+                (name, version)
+                for name, version in meta["versions"].items()
+                if swept.get(name, version) != version
+            )
     document["column_versions"] = {
-        **(previous or {}).get("column_versions", {}),
-        **{backend: meta["versions"] for backend in ran_backends},
+        **previous_versions,
+        **{
+            backend: meta["versions"]
+            for backend in ran_backends
+            if not (other_versions and backend in previous_versions)
+        },
     }
     # How long each backend's sweep of every row took, kept from its last whole run.
     document["column_minutes"] = {
@@ -472,6 +488,8 @@ def summarize(
         when = meta["generated"]
         if ran_backends != previous["backends"]:
             when += f", {', '.join(ran_backends)} only"
+        if other_versions:
+            when += " with " + ", ".join(f"{n} {v}" for n, v in sorted(other_versions.items()))
         for kind, archs in results.items():
             ran = document["rerun"].setdefault(when, [])
             # A row run twice on one day (again after a fix) is listed once.
