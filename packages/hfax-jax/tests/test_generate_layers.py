@@ -37,6 +37,16 @@ def test_indexer_choosing_keys_per_query_in_a_loop(tmp_path):
         assert_generates_like_transformers(config, tmp_path)
 
 
+@pytest.mark.skipif(
+    not hasattr(transformers, "Kolibri1_1Config"), reason="Kolibri 1.1 came with transformers 5.25"
+)
+def test_kolibri1_1_indexer_choosing_keys_per_group_of_queries_in_a_loop(tmp_path):
+    # Kolibri 1.1's indexer loops over the queries' first visible keys (left padding makes two groups):
+    # hfax.patches.longtail.kolibri1_1 chooses the same pool and keys for every query at once, through the
+    # static cache, and the layer sharing the indexer's keys reads its pool.
+    assert_generates_like_transformers(looping_config("kolibri1_1"), tmp_path)
+
+
 def test_a_family_trait_changes_what_generate_does(tmp_path):
     # What a plugin answers through hfax_generation_traits reaches generate: a reason against a static cache
     # makes the model decode without one (transformers' tokens still), a refusal stops the call before

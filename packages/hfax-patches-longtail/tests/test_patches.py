@@ -63,11 +63,64 @@ IDS, MASK = left_padded([[5, 9, 13, 2, 44, 7, 11], [3, 8, 21, 30]])
 LONGCAT = [] if hasattr(LongcatFlashExperts, "_apply_gate") else ["longcat_flash"]
 
 
-@pytest.mark.parametrize("family", ["dbrx", "jetmoe", *LONGCAT, "qwen4_exp"])
+#: Kolibri 1.1 came with transformers 5.25 (the oldest release of the tested range has no such model).
+KOLIBRI = ["kolibri1_1"] if hasattr(transformers, "Kolibri1_1Config") else []
+
+
+@pytest.mark.parametrize("family", ["dbrx", "jetmoe", *LONGCAT, "qwen4_exp", *KOLIBRI])
 def test_static_loops_give_transformers_logits(family):
     # Experts (and Qwen4-Exp's indexer) chosen per batch by a Python loop, replaced by static code.
     model = tiny(looping_config(family))
     assert_patch_keeps(model, family, input_ids=IDS, attention_mask=MASK)
+
+
+def packed_visible(starts, width, padding=0):
+    """``[1, width, width]``: causal attention within documents packed into one row, each starting at one
+    of ``starts``, after ``padding`` left-padded keys that nothing sees; queries of the padding see nothing."""
+    position = torch.arange(width)
+    document = torch.bucketize(position, torch.tensor(starts), right=True)
+    visible = (document[:, None] == document[None]) & (position[None] <= position[:, None])
+    visible &= (position >= padding)[None] & (position >= padding)[:, None]
+    return visible[None]
+
+
+@pytest.mark.skipif(not KOLIBRI, reason="transformers before 5.25 has no Kolibri 1.1")
+@pytest.mark.parametrize("compression, pool, topk", [(2, 4, 2), (3, 6, 3), (4, 8, 2)])
+def test_kolibri1_1_indexer_chooses_transformers_keys_without_its_loop(compression, pool, topk):
+    # Documents packed into a row give queries different first keys, so different block grids; the
+    # integer-valued queries and keys tie scores, which transformers breaks towards earlier keys.
+    from transformers.models.kolibri1_1.modeling_kolibri1_1 import Kolibri1_1Indexer
+
+    from hfax.patches.longtail.kolibri1_1 import kolibri1_1_pool, kolibri1_1_tokens
+
+    config = looping_config("kolibri1_1")
+    config.index_compression, config.index_pool_size, config.index_topk = compression, pool, topk
+    indexer = Kolibri1_1Indexer(config, layer_idx=1)
+    width = 23
+    visible = torch.cat(
+        [
+            packed_visible([0], width),
+            packed_visible([2, 9, 13], width, padding=2),
+            packed_visible([0, 5, 6, 17], width),
+        ]
+    )
+    visible[2, 20, 18] = False  # a masked key between visible ones keeps its position
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randint(-2, 3, (3, 4, width, 16), generator=generator).float()
+    keys = torch.randint(-2, 3, (3, 2, width, 16), generator=generator).float()
+    expected_pool = indexer.select_pool(queries, keys, visible)
+    expected = indexer.select_tokens(queries, keys, visible, expected_pool)
+    assert (expected_pool != visible).any() and (expected != expected_pool).any()  # both choose
+    assert torch.equal(kolibri1_1_pool(indexer, queries, keys, visible), expected_pool)
+    assert torch.equal(kolibri1_1_tokens(indexer, queries, keys, visible, expected_pool), expected)
+    # a decode step: one query over the row's keys
+    last = visible[:, -1:]
+    pool = indexer.select_pool(queries[:, :, -1:], keys, last)
+    assert torch.equal(kolibri1_1_pool(indexer, queries[:, :, -1:], keys, last), pool)
+    assert torch.equal(
+        kolibri1_1_tokens(indexer, queries[:, :, -1:], keys, last, pool),
+        indexer.select_tokens(queries[:, :, -1:], keys, last, pool),
+    )
 
 
 def test_longcat_flash_experts_under_transformers_experts_interface_are_left_to_core():

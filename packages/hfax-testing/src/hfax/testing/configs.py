@@ -293,8 +293,10 @@ def looping_config(name: str) -> Any:
     ``"dbrx"`` (``[experts * ffn, hidden]`` weight matrices, a loop over the experts hit),
     ``"longcat_flash"`` (routed experts and identity experts numbered after them), ``"jetmoe"`` (experts
     and a mixture of attention heads, the tokens sorted by expert split by a list of counts), ``"xmod"``
-    (language adapters, each row's chosen by its language id and gathered by a boolean mask) or
-    ``"qwen4_exp"`` (an indexer choosing each query's keys in a loop)."""
+    (language adapters, each row's chosen by its language id and gathered by a boolean mask),
+    ``"qwen4_exp"`` (an indexer choosing each query's keys in a loop) or ``"kolibri1_1"`` (an indexer
+    choosing each query's keys in a loop over the queries' first visible keys, with budgets small enough
+    that a short prompt's queries choose, and a second indexed layer that reads the first's pool)."""
     import transformers
 
     configs = {
@@ -325,6 +327,14 @@ def looping_config(name: str) -> Any:
             shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, ple_embed_dim=64,
             layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=4,
             indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+        ),
+        "kolibri1_1": lambda: transformers.Kolibri1_1Config(
+            vocab_size=64, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts_per_tok=2,
+            num_experts=4, max_position_embeddings=64, sliding_window=4,
+            layer_types=["sliding_attention", "indexed_attention", "indexed_attention"], index_layers=[1],
+            kv_source_layers=[0, 1, 1], index_topk=2, index_pool_size=4, index_compression=2,
+            index_num_heads=2, index_num_local_tokens=1, index_num_sink_tokens=1, mlp_only_layers=[],
         ),
     }  # fmt: skip
     return configs[name]()

@@ -254,15 +254,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
-    # kolibri1_1 validates its layer plan: an indexer must be the first indexed layer, each layer its own K/V
+    # kolibri1_1 validates its layer plan: an indexer must be the first indexed layer, each layer its own
+    # K/V; budgets small enough that the sweep's short prompts choose keys
     "kolibri1_1": {
         "layer_types": ["sliding_attention", "indexed_attention"],
         "index_layers": [1],
         "kv_source_layers": [0, 1],
-        "index_topk": 8,
-        "index_pool_size": 8,
-        "index_compression": 4,
+        "index_topk": 2,
+        "index_pool_size": 4,
+        "index_compression": 2,
         "index_num_heads": 2,
+        "index_num_local_tokens": 1,
+        "index_num_sink_tokens": 1,
         "mlp_only_layers": [],
     },
     "qwen4_exp_text": {
