@@ -765,13 +765,19 @@ def assert_layer_outputs_equal(got, want, mask, names=("hidden_states", "attenti
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(use_cache=False), dict(num_beams=2, num_return_sequences=2)],
-    ids=["cached", "use_cache_false", "beams"],
+    [
+        dict(),
+        dict(use_cache=False),
+        dict(num_beams=2, num_return_sequences=2),
+        dict(cache_implementation="static"),
+    ],
+    ids=["cached", "use_cache_false", "beams", "static_cache"],
 )
 def test_hidden_states_and_attentions_are_transformers(eager, backend, options):
     """``output_hidden_states`` / ``output_attentions`` with ``return_dict_in_generate``: transformers'
     per-step, per-layer tuples, its shapes (the prompt at step 0, then one position a step over the keys
-    so far; every position so far with ``use_cache=False``) and its values within 1e-4."""
+    so far; every position so far with ``use_cache=False``; every slot of the ``StaticCache`` that
+    ``cache_implementation="static"`` makes, those not yet written zero) and its values within 1e-4."""
     reference, model = eager
     ids, mask = left_padded(PROMPTS[:2])
     options = dict(

@@ -148,3 +148,24 @@ def test_a_generation_traits_answer_of_another_type_fails_the_call():
     hfax.register(TraitsPlugin("decode without a cache"), "wrong")
     with pytest.raises(PluginHookError, match="hfax_generation_traits returned str"):
         generation_traits(TraitedModel())
+
+
+def test_attentions_over_a_static_cache_span_its_slots_and_a_rolled_window_is_refused():
+    """transformers' attentions over a ``StaticCache`` have a key per slot (zero where nothing is written
+    yet), a layer of no fixed length (``-1``) the positions so far; a sliding layer whose window the
+    positions outgrew has keys in a rolling order, refused naming the setting to drop."""
+    from hfax.generation import layer_outputs
+
+    step0 = (np.ones((1, 2, 3, 3)), np.ones((1, 2, 3, 3)))
+    step1 = (np.ones((1, 2, 1, 4)), np.ones((1, 2, 1, 4)))
+    extras = {"attentions": (step0, step1), "hidden_states": ((np.ones((1, 3, 8)),),)}
+    layer_outputs.over_static_cache(extras, [6, -1])
+    assert [a.shape for a in extras["attentions"][1]] == [(1, 2, 1, 6), (1, 2, 1, 4)]
+    assert (
+        extras["attentions"][0][0][..., 3:].sum() == 0 and extras["attentions"][0][0][..., :3].all()
+    )
+    assert extras["hidden_states"][0][0].shape == (1, 3, 8)  # not an attention: left as it is
+    with pytest.raises(
+        NotImplementedError, match="layer 0 keeps 3 slots.*leave cache_implementation"
+    ):
+        layer_outputs.over_static_cache({"decoder_attentions": (step0, step1)}, [3, 6])

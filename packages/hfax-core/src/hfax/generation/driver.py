@@ -241,6 +241,11 @@ def generate(
         streamer.end()
     sequences, extras = _assemble(request, padded if request.max_new > 0 else None, result, steps)
     config = request.config
+    if config.return_dict_in_generate and config.use_cache and outputs.static_cache_asked(config):
+        # a static cache's slots, counted before requested_cache records this call's length
+        embedded = request.ids.shape[1] - request.width
+        slots = outputs.static_cache_slots(model.module, config, embedded)
+        layer_outputs.over_static_cache(extras, slots)
     if run is not None and config.return_dict_in_generate and config.use_cache:
         # transformers' cache after the call: the prompt and every new token but the last (never fed).
         if "cache_output" in engine.features:

@@ -219,6 +219,35 @@ def assemble(
     return result
 
 
+def over_static_cache(extras: dict[str, Any], slots: list[int]) -> None:
+    """With ``cache_implementation="static"`` transformers' model attends over every slot of its
+    ``StaticCache``, so each step's self-attentions have as many keys as the layer's cache has ``slots``
+    (:func:`hfax.generation.outputs.static_cache_slots`), those not yet written zero: ``extras``'
+    self-attentions are padded so, in place. A sliding layer whose window the sequence outgrew keeps its
+    keys in a rolling order that these attentions (one column per position) do not have: that is an error
+    naming what to ask instead."""
+    for name in [name for name in extras if KINDS.get(name) == "self"]:
+        steps = []
+        for step in extras[name]:
+            layers = []
+            for index, attention in enumerate(step):
+                held = slots[index] if index < len(slots) else -1
+                if held == -1:  # a layer of no fixed length: its keys are the tokens so far
+                    layers.append(attention)
+                    continue
+                if attention.shape[-1] > held:
+                    raise NotImplementedError(
+                        "output_attentions with a static cache_implementation: decoder layer "
+                        f"{index} keeps {held} slots, a rolling window that the {attention.shape[-1]} "
+                        "positions so far outgrew, which hfax's attentions (one column per position) do "
+                        "not lay out as transformers' StaticCache does: leave cache_implementation unset"
+                    )
+                pad = [(0, 0)] * (attention.ndim - 1) + [(0, held - attention.shape[-1])]
+                layers.append(np.pad(attention, pad, constant_values=0.0))
+            steps.append(tuple(layers))
+        extras[name] = tuple(steps)
+
+
 def _square(parts: list[np.ndarray]) -> np.ndarray:
     """The attentions of every position so far, ``[layers, rows, heads, n, n]``: the prompt's block and
     each later query's row, keys after a query zero."""

@@ -45,6 +45,28 @@ def static_cache_asked(config: Any) -> bool:
     return config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS
 
 
+def static_cache_length(module: Any, config: Any, embedded: int = 0) -> int:
+    """How long transformers makes the ``StaticCache`` of a call that asks for one: every token fed
+    (``max_length - 1``, plus the ``embedded`` prompt positions that ``max_length`` does not count), or
+    ``max_cache_len``, or the longest of the module's earlier static calls, if longer."""
+    return max(
+        int(config.max_length) - 1 + embedded,
+        config.max_cache_len or 0,
+        getattr(module, "_previous_max_cache_length", -1),
+    )
+
+
+def static_cache_slots(module: Any, config: Any, embedded: int = 0) -> list[int]:
+    """The slots of each decoder layer of that ``StaticCache`` (a sliding layer keeps its window; ``-1``:
+    a layer of no fixed length), as transformers' own ``StaticCache`` of the model's text config counts
+    them: what its attentions span at every step (:func:`hfax.generation.layer_outputs.over_static_cache`)."""
+    from transformers.cache_utils import StaticCache
+
+    text = module.config.get_text_config(decoder=True)
+    made = StaticCache(config=text, max_cache_len=static_cache_length(module, config, embedded))
+    return [int(made.get_max_length(index)) for index in range(len(made.layers))]
+
+
 def requested_cache(module: Any, config: Any, cache: Any, embedded: int = 0) -> Any:
     """The engine's ``cache`` (a ``DynamicCache``, or an ``EncoderDecoderCache`` of two) in the class
     transformers' ``generate`` would hand back: where the call asks for a static one
@@ -63,11 +85,7 @@ def requested_cache(module: Any, config: Any, cache: Any, embedded: int = 0) -> 
         return cache
     text = module.config.get_text_config(decoder=True)
     offloading = "offloaded" in config.cache_implementation
-    length = max(
-        int(config.max_length) - 1 + embedded,
-        config.max_cache_len or 0,
-        getattr(module, "_previous_max_cache_length", -1),
-    )
+    length = static_cache_length(module, config, embedded)
     module._previous_max_cache_length = length  # as transformers' _prepare_static_cache keeps it
 
     def static(dynamic: Any, size: int) -> Any:
