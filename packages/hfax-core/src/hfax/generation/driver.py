@@ -241,9 +241,9 @@ def generate(
         streamer.end()
     sequences, extras = _assemble(request, padded if request.max_new > 0 else None, result, steps)
     config = request.config
+    embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
     if config.return_dict_in_generate and config.use_cache and outputs.static_cache_asked(config):
         # a static cache's slots, counted before requested_cache records this call's length
-        embedded = request.ids.shape[1] - request.width
         slots = outputs.static_cache_slots(model.module, config, embedded)
         layer_outputs.over_static_cache(extras, slots)
     if run is not None and config.return_dict_in_generate and config.use_cache:
@@ -259,7 +259,6 @@ def generate(
                 _source_length(request),
                 whole=outputs.static_cache_asked(config),
             )
-            embedded = request.ids.shape[1] - request.width  # a prompt of embeddings alone
             extras["past_key_values"] = outputs.requested_cache(
                 model.module, config, cache, embedded
             )
