@@ -246,27 +246,37 @@ def test_encoder_decoder_greedy_and_beams(tiny):
         )
 
 
-def test_decoder_attention_mask_of_ones_is_taken_and_one_that_pads_refused(tiny):
-    """transformers' tests pass a decoder prompt with its mask of ones: the same tokens as without it.
-    hfax reads a decoder prompt unpadded, so a mask with zeros is refused before anything compiles."""
-    reference, model = tiny("bart")
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ_CONFIGS))
+def test_a_decoder_prompt_and_its_mask_are_read_as_transformers_reads_them(tiny, name):
+    """``decoder_input_ids`` whose rows all lack the decoder start token get it prepended, as
+    transformers' generate does (and their ``decoder_attention_mask`` a column of ones); a mask's zeros
+    hide those prompt tokens from every query, in prefill and in each step after. Tokens and scores are
+    transformers' on BART (learned positions) and T5 (relative position buckets); a mask that does not
+    cover the prompt is an error."""
+    reference, model = tiny(name)
     ids = np.array([[5, 17, 33, 9, 41], [12, 50, 7, 8, 3]])
     start = reference.generation_config.decoder_start_token_id
-    decoder_ids = np.array([[start, 21], [start, 22]])
-    options = dict(max_new_tokens=8, decoder_input_ids=decoder_ids)
-    expected = transformers_generate(
-        reference,
-        ids,
-        max_new_tokens=8,
-        decoder_input_ids=torch.as_tensor(decoder_ids),
-        decoder_attention_mask=torch.ones(2, 2, dtype=torch.long),
-    ).numpy()
-    got = model.generate(ids, decoder_attention_mask=np.ones((2, 2), np.int64), **options)
-    np.testing.assert_array_equal(as_numpy(got), expected)
-    with pytest.raises(NotImplementedError, match="decoder_attention_mask with zeros"):
-        model.generate(ids, decoder_attention_mask=np.array([[0, 1], [1, 1]]), **options)
-    with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 3\)"):
-        model.generate(ids, decoder_attention_mask=np.ones((2, 3), np.int64), **options)
+    cases = [
+        (np.array([[21, 30, 44], [22, 31, 45]]), None),  # no start token: prepended
+        (np.array([[21, 30, 44], [22, 31, 45]]), np.array([[1, 0, 1], [0, 1, 1]])),
+        (np.array([[start, 30, 44], [22, 31, 45]]), np.array([[1, 0, 1], [1, 1, 0]])),  # kept
+    ]
+    options = dict(max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    for decoder_ids, decoder_mask in cases:
+        given = {"decoder_input_ids": decoder_ids}
+        if decoder_mask is not None:
+            given["decoder_attention_mask"] = decoder_mask
+        want = transformers_generate(
+            reference, ids, **options, **{k: torch.as_tensor(v) for k, v in given.items()}
+        )
+        got = model.generate(ids, **options, **given)
+        np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
+        for mine, theirs in zip(got.scores, want.scores, strict=True):
+            np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4)
+    with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 2\)"):
+        model.generate(ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.ones((2, 2), np.int64))
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        model.generate(ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.full((2, 3), 2))
 
 
 def test_encoder_no_repeat_ngram_size(tiny):

@@ -30,26 +30,9 @@ CACHE_REFUSED = (
 REFUSED_INPUTS = {
     "cache_position": "hfax's generate places tokens in its own cache",
     "encoder_outputs": "hfax's generate runs the encoder itself, in prefill; pass the encoder's inputs",
-    "decoder_attention_mask": "hfax's generate takes a decoder prompt without padding (a mask of ones)",
     "decoder_inputs_embeds": "hfax's generate starts from token ids",
     "labels": "generate computes no loss",
 }
-
-
-def _check_unpadded_decoder_mask(mask: np.ndarray, decoder_ids: Any) -> None:
-    """A ``decoder_attention_mask`` hfax's generate can take: ones over the whole decoder prompt, which
-    is how it reads that prompt anyway (so the mask changes no token); one that pads is refused."""
-    # Without decoder_input_ids the prompt is the start token alone: one column per row.
-    prompt = (len(mask), 1) if decoder_ids is None else tuple(np.shape(decoder_ids))
-    if mask.shape != prompt:
-        raise ValueError(
-            f"decoder_attention_mask has shape {mask.shape}; it covers the decoder prompt, of shape {prompt}"
-        )
-    if not (mask == 1).all():
-        raise NotImplementedError(
-            "hfax's generate does not take decoder_attention_mask with zeros: "
-            + REFUSED_INPUTS["decoder_attention_mask"]
-        )
 
 
 #: Generation settings transformers also hands back as model keyword arguments (its
@@ -106,11 +89,6 @@ def collect(module: Any, leftovers: dict[str, Any]) -> dict[str, np.ndarray]:
                 f"field nor an input of {type(module).__name__}.forward (hfax also takes streamer, seed, "
                 "rng, generation_config and tokenizer)"
             )
-        if name == "decoder_attention_mask" and value is not None:
-            _check_unpadded_decoder_mask(
-                host_array(name, value), leftovers.get("decoder_input_ids")
-            )
-            continue  # a mask of ones, as hfax's decoder prompt is read
         if name in refused and value is not None:
             raise NotImplementedError(f"hfax's generate does not take {name}: {refused[name]}")
         if value is not None:

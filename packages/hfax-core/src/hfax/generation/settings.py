@@ -381,11 +381,20 @@ def prepare(
         if embedded:
             source["attention_mask"] = mask.astype(np.int64)
         decoder_ids = extra.pop("decoder_input_ids", None)
+        prompt_mask = extra.pop("decoder_attention_mask", None)
         if traits.decoder_prompt is not None:
+            _check_mask_of_ones(prompt_mask, decoder_ids, batch)
             decoder_ids = traits.decoder_prompt(module, config, source, taken, decoder_ids)
             has_default["max_length"] = False  # set by the prompt's builder
             repeats = len(next(iter(source.values()))) // batch  # the builder may repeat the rows
             batch *= repeats
+            prompt_mask = None
+        elif decoder_ids is not None or prompt_mask is not None:
+            if decoder_ids is None:  # a mask over the start token alone
+                decoder_ids = _start_tokens(module, config, batch)
+            decoder_ids, prompt_mask = _with_start_token(
+                module, config, batch, decoder_ids, prompt_mask
+            )
         if decoder_ids is None:
             decoder_ids = _start_tokens(module, config, batch)
         ids = as_ids("decoder_input_ids", decoder_ids)
@@ -394,7 +403,7 @@ def prepare(
             raise ValueError(
                 f"decoder_input_ids has {ids.shape[0]} rows but the encoder's input {batch}"
             )
-        mask = np.ones_like(ids, dtype=bool)
+        mask = np.ones_like(ids, dtype=bool) if prompt_mask is None else prompt_mask
     width = 0 if embedded and not encoder_decoder else ids.shape[1]  # a decoder prompt of its own
     decoder_mask = encoder_decoder and leftovers.get("decoder_attention_mask") is not None
     cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
@@ -710,14 +719,70 @@ def _encoder_inputs(
         accepted.add("pixel_values")
     source = {} if ids is None else {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
     for name in sorted(extra):
-        if name == "decoder_input_ids":
-            continue
+        if name in ("decoder_input_ids", "decoder_attention_mask"):
+            continue  # the decoder's prompt
         if name not in accepted:
             raise NotImplementedError(
                 f"hfax's generate passes an encoder-decoder's inputs to its encoder, which does not take {name}"
             )
         source[name] = extra.pop(name)
     return source
+
+
+def _with_start_token(
+    module: Any, config: Any, batch: int, decoder_ids: Any, decoder_mask: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The caller's decoder prompt as transformers' generate reads it, by its own
+    ``_prepare_decoder_input_ids_for_generation``: rows that all lack the decoder start token get it
+    prepended (and ``decoder_mask`` a column of ones before it); Donut's and Whisper's prompts are kept.
+    ``decoder_mask`` (the caller's ``decoder_attention_mask``, or ``None``) comes back as bool, checked
+    to be 0 and 1 over the whole prompt: its zeros hide those columns' keys from every query, in prefill and
+    in every step after, as transformers passes the mask (extended by ones) to each forward."""
+    import torch
+
+    prompt = as_ids("decoder_input_ids", decoder_ids)
+    kwargs = {"decoder_input_ids": torch.from_numpy(prompt)}
+    if decoder_mask is not None:
+        given = as_ids("decoder_attention_mask", decoder_mask)
+        if given.shape != prompt.shape:
+            raise ValueError(
+                f"decoder_attention_mask has shape {given.shape} but decoder_input_ids {prompt.shape}: "
+                "one entry per decoder prompt token"
+            )
+        kwargs["decoder_attention_mask"] = torch.from_numpy(given)
+    ids, kwargs = module._prepare_decoder_input_ids_for_generation(
+        batch,
+        getattr(module, "main_input_name", "input_ids"),
+        kwargs,
+        config._decoder_start_token_tensor,
+        device=torch.device("cpu"),
+    )
+    mask = kwargs.get("decoder_attention_mask")
+    if mask is None:
+        return ids.numpy(), None
+    mask = mask.numpy()
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("decoder_attention_mask must hold only 0 and 1")
+    return ids.numpy(), mask.astype(bool)
+
+
+def _check_mask_of_ones(decoder_mask: Any, decoder_ids: Any, batch: int) -> None:
+    """A model whose family builds its decoder prompt (Whisper's task and language tokens) takes a
+    ``decoder_attention_mask`` only as ones over the caller's ``decoder_input_ids``: the builder adds
+    tokens the caller's mask does not cover, and reads the prompt unpadded."""
+    if decoder_mask is None:
+        return
+    mask = as_ids("decoder_attention_mask", decoder_mask)
+    prompt = (batch, 1) if decoder_ids is None else tuple(np.shape(decoder_ids))
+    if mask.shape != prompt:
+        raise ValueError(
+            f"decoder_attention_mask has shape {mask.shape}; it covers the decoder prompt, of shape {prompt}"
+        )
+    if not (mask == 1).all():
+        raise NotImplementedError(
+            "this model's family builds its decoder prompt around decoder_input_ids and reads it "
+            "unpadded: pass decoder_attention_mask of ones, or none"
+        )
 
 
 def _start_tokens(module: Any, config: Any, batch: int) -> np.ndarray:
