@@ -274,9 +274,13 @@ def test_a_decoder_prompt_and_its_mask_are_read_as_transformers_reads_them(tiny,
         for mine, theirs in zip(got.scores, want.scores, strict=True):
             np.testing.assert_allclose(as_numpy(mine), theirs.numpy(), atol=1e-4)
     with pytest.raises(ValueError, match=r"decoder_attention_mask has shape \(2, 2\)"):
-        model.generate(ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.ones((2, 2), np.int64))
+        model.generate(
+            ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.ones((2, 2), np.int64)
+        )
     with pytest.raises(ValueError, match="only 0 and 1"):
-        model.generate(ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.full((2, 3), 2))
+        model.generate(
+            ids, decoder_input_ids=cases[0][0], decoder_attention_mask=np.full((2, 3), 2)
+        )
 
 
 def test_encoder_no_repeat_ngram_size(tiny):
@@ -800,6 +804,28 @@ def test_hidden_states_and_attentions_are_transformers(eager, backend, options):
     assert_layer_outputs_equal(got, want, mask)
 
 
+def test_attentions_over_a_rolled_static_window_are_refused_before_anything_runs(tiny):
+    """A static cache's sliding layer (Gemma 3's window of 4) keeps its keys in a rolling order once the
+    positions fed outgrow it, which hfax's attentions (one column per position) do not lay out: asking
+    for attentions then is refused before the prefill, naming the setting to drop; the model goes on."""
+    reference, model = tiny("gemma3")
+    ids, mask = left_padded(PROMPTS[1:])
+    asked = dict(
+        max_new_tokens=5, return_dict_in_generate=True, output_attentions=True,
+        cache_implementation="static",
+    )  # fmt: skip
+    counters = model.last_generate_stats
+    with pytest.raises(
+        NotImplementedError, match="layer 0 keeps 4 slots.*leave cache_implementation"
+    ):
+        model.generate(ids, attention_mask=mask, **asked)
+    assert model.last_generate_stats is counters  # the refused call ran nothing
+    np.testing.assert_array_equal(
+        as_numpy(model.generate(ids, attention_mask=mask, max_new_tokens=5)),
+        transformers_generate(reference, ids, mask, max_new_tokens=5).numpy(),
+    )
+
+
 def test_a_decoders_own_position_table_bounds_its_tokens(backend, tmp_path_factory):
     """Whisper's decoder alone reads ``max_target_positions`` (40), not ``max_position_embeddings`` (20):
     25 positions generate transformers' tokens, and 45 are refused naming the field that bounds them."""
@@ -1096,18 +1122,22 @@ def test_a_t5_decoder_deeper_than_its_encoder_hands_back_every_layers_cache(
     assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values)
 
 
-def test_an_encoder_decoder_continues_from_a_callers_cache_as_in_transformers(tiny):
+def test_an_encoder_decoder_continues_from_a_callers_cache_as_in_transformers(tiny, backend):
     """An earlier result's ``EncoderDecoderCache`` (hfax's, or transformers' own) with its sequences as
-    ``decoder_input_ids`` and ``decoder_attention_mask`` of ones over them continues as transformers
-    continues it (with the programs of the same call without a cache), and hands back transformers'
-    cache. hfax computes the cached tokens and the encoder's
-    keys and values again and checks they are the cache's: a cache of other decoder tokens or of another
-    source is refused once the prefill shows it. Without ``decoder_attention_mask`` transformers reads
+    ``decoder_input_ids`` and ``decoder_attention_mask`` over them continues as transformers continues
+    it, and hands back transformers' cache. On JAX the decoder's keys and values are loaded as the cache
+    holds them and only the tokens after them prefilled (a program of its own; the decode loop is the
+    cache-free call's), so a cache made under another decoder mask continues as in transformers too;
+    torch_xla computes them again from the ids, checks they are the cache's and refuses a mask with zeros
+    over the cached tokens, whose keys and values depend on the mask they were made with. The
+    cross-attention part is computed again from the source on both, and a cache of another source is
+    refused once the prefill shows it. Without ``decoder_attention_mask`` transformers reads
     ``decoder_input_ids`` as the tokens after the cached ones, whose ids hfax lacks: refused, saying what to
     pass; so is a cache of the other kind (decoder-only) before anything compiles."""
     import copy
 
     reference, model = tiny("bart")
+    loads = backend == "jax"
     ids, mask = source_batch()
     first = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
     theirs = transformers_generate(reference, ids, mask, **first)
@@ -1119,31 +1149,69 @@ def test_an_encoder_decoder_continues_from_a_callers_cache_as_in_transformers(ti
         max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
         decoder_input_ids=sequences, decoder_attention_mask=ones,
     )  # fmt: skip
-    want = transformers_generate(
-        reference,
-        ids,
-        mask,
-        **{
-            **then,
-            "decoder_input_ids": torch.as_tensor(sequences),
-            "decoder_attention_mask": torch.as_tensor(ones),
-        },
-        past_key_values=copy.deepcopy(theirs.past_key_values),
-    )
+
+    def continued(cache, **changed):
+        given = {**then, **changed}
+        given = {
+            k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in given.items()
+        }
+        return transformers_generate(reference, ids, mask, **given, past_key_values=cache)
+
+    want = continued(copy.deepcopy(theirs.past_key_values))
     plain = model.generate(ids, attention_mask=mask, **{**then, "return_dict_in_generate": False})
     np.testing.assert_array_equal(as_numpy(plain), want.sequences.numpy())
     for cache in (mine.past_key_values, copy.deepcopy(theirs.past_key_values)):
         got = model.generate(ids, attention_mask=mask, past_key_values=cache, **then)
-        assert model.last_generate_stats.compiles == 0  # the programs of the call without a cache
+        # the programs of the call without a cache (on JAX and the prefill after the loaded cache)
+        assert model.last_generate_stats.compiles <= int(loads)
         np.testing.assert_array_equal(as_numpy(got.sequences), want.sequences.numpy())
         assert_encoder_decoder_cache_equal(got.past_key_values, want.past_key_values)
     cache = mine.past_key_values
     other = sequences.copy()
     other[:, 2] = (other[:, 2] + 1) % 128  # a cached decoder token changed
-    with pytest.raises(ValueError, match="does not hold decoder_input_ids' first 4 tokens"):
-        model.generate(
-            ids, attention_mask=mask, past_key_values=cache, **{**then, "decoder_input_ids": other}
+    if loads:  # transformers reads the cache, not the cached tokens' ids
+        got = model.generate(
+            ids, attention_mask=mask, past_key_values=copy.deepcopy(cache),
+            **{**then, "decoder_input_ids": other},
+        )  # fmt: skip
+        expected = continued(copy.deepcopy(theirs.past_key_values), decoder_input_ids=other)
+        np.testing.assert_array_equal(as_numpy(got.sequences), expected.sequences.numpy())
+    else:
+        with pytest.raises(ValueError, match="does not hold decoder_input_ids' first 4 tokens"):
+            model.generate(
+                ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                **{**then, "decoder_input_ids": other},
+            )
+    # A decoder prompt with zeros in its mask, continued under another mask (transformers' own
+    # test_generate_continue_from_past_key_values does so: its mask loses the start token's column).
+    prompt = np.array([[start := reference.generation_config.decoder_start_token_id, 30, 44, 9],
+                       [start, 31, 45, 10]])  # fmt: skip
+    made = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    holes = np.array([[1, 0, 1, 1], [1, 1, 0, 1]])
+    given = dict(
+        decoder_input_ids=torch.as_tensor(prompt), decoder_attention_mask=torch.as_tensor(holes)
+    )
+    theirs = transformers_generate(reference, ids, mask, **made, **given)
+    later = np.pad(holes[:, 1:], ((0, 0), (0, 4)), constant_values=1)  # shifted by one column
+    longer = dict(made, max_new_tokens=2, decoder_input_ids=as_numpy(theirs.sequences),
+                  decoder_attention_mask=later)  # fmt: skip
+    if loads:
+        expected = transformers_generate(
+            reference, ids, mask, past_key_values=copy.deepcopy(theirs.past_key_values),
+            **{k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in longer.items()},
+        )  # fmt: skip
+        got = model.generate(
+            ids, attention_mask=mask, past_key_values=theirs.past_key_values, **longer
         )
+        # the scores tell: computed again under the later mask, they differ by 0.4
+        assert_continuation_equal(got, expected)
+    else:
+        with pytest.raises(NotImplementedError, match="zeros over the cached tokens"):
+            model.generate(
+                ids, attention_mask=mask, past_key_values=theirs.past_key_values, **longer
+            )
     source = ids.copy()
     source[0, 0] = (source[0, 0] + 1) % 128  # the encoder's input changed
     with pytest.raises(ValueError, match="the encoder's keys and values of input_ids"):

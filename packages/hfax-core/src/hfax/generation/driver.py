@@ -294,7 +294,7 @@ def _run(
         chunk = 1
     run = engine.start(padded)
     rows, prompt = request.rows, padded.decoding.prompt
-    if request.cache is not None and request.held is None:  # computed again, not loaded
+    if request.cache is not None and (request.held is None or request.source is not None):
         _check_callers_cache(engine, run, request, prompt)
     ends = np.full((rows,), request.max_new, np.int64)  # where each row's tokens end (exclusive)
     done = ends.copy()  # where transformers counts each row done: the call ends once every row is
@@ -351,8 +351,10 @@ def _check_callers_cache(engine: Engine, run: Any, request: settings.Request, pr
     computed again from the ids (its cache lives on device, in its own layout): the first layer that holds
     every cached token must hold, at every real position, the keys and values the prefill wrote (within
     16-bit rounding). Else the cache came from other tokens, positions or weights, and is refused. An
-    encoder-decoder's self-attention part holds its decoder prompt's first tokens so, and its
-    cross-attention part, where filled, the encoder's keys and values at the source's real positions."""
+    encoder-decoder's self-attention part holds its decoder prompt's first tokens so (unless the engine
+    loaded it: ``request.held``), and its cross-attention part, where filled, the encoder's keys and
+    values at the source's real positions, which the prefill computes again from the source in either
+    case (transformers would attend over the cached ones whatever the source)."""
     length = request.cached
     start = prompt - request.ids.shape[1]
     ours = engine.cache(run, request.rows, start, start + length, _source_length(request))
@@ -362,15 +364,16 @@ def _check_callers_cache(engine: Engine, run: Any, request: settings.Request, pr
         )
     given, source = request.cache, request.source
     name = "input_ids" if source is None else "decoder_input_ids"
-    _check_layers(
-        getattr(ours, "self_attention_cache", ours).layers,
-        getattr(given, "self_attention_cache", given).layers,
-        request.mask[:: request.expand, :length],
-        request.expand,
-        f"{name}' first {length} tokens",
-        "pass the ids the cache was made from, e.g. an earlier result's sequences with its "
-        "past_key_values",
-    )
+    if request.held is None:
+        _check_layers(
+            getattr(ours, "self_attention_cache", ours).layers,
+            getattr(given, "self_attention_cache", given).layers,
+            request.mask[:: request.expand, :length],
+            request.expand,
+            f"{name}' first {length} tokens",
+            "pass the ids the cache was made from, e.g. an earlier result's sequences with its "
+            "past_key_values",
+        )
     if source is None or given.cross_attention_cache.get_seq_length() == 0:
         return  # an empty cross-attention part is filled by prefill, in transformers too
     mine, theirs = ours.cross_attention_cache, given.cross_attention_cache

@@ -235,17 +235,30 @@ def over_static_cache(extras: dict[str, Any], slots: list[int]) -> None:
                 if held == -1:  # a layer of no fixed length: its keys are the tokens so far
                     layers.append(attention)
                     continue
-                if attention.shape[-1] > held:
-                    raise NotImplementedError(
-                        "output_attentions with a static cache_implementation: decoder layer "
-                        f"{index} keeps {held} slots, a rolling window that the {attention.shape[-1]} "
-                        "positions so far outgrew, which hfax's attentions (one column per position) do "
-                        "not lay out as transformers' StaticCache does: leave cache_implementation unset"
-                    )
+                if why := rolled_window(slots, attention.shape[-1]):
+                    raise NotImplementedError(why)
                 pad = [(0, 0)] * (attention.ndim - 1) + [(0, held - attention.shape[-1])]
                 layers.append(np.pad(attention, pad, constant_values=0.0))
             steps.append(tuple(layers))
         extras[name] = tuple(steps)
+
+
+def rolled_window(slots: list[int], positions: int) -> str:
+    """Why attentions over a static cache of these ``slots`` (per decoder layer, ``-1``: no fixed length)
+    cannot be laid out once ``positions`` tokens were fed (``""`` when they can): a sliding layer whose
+    window they outgrew keeps its keys in a rolling order, where hfax's attentions have one column per
+    position. The driver asks it before anything runs, for the call's last step (:func:`hfax.generation.
+    settings.prepare`), and :func:`over_static_cache` of each step it pads."""
+    for index, held in enumerate(slots):
+        if held != -1 and positions > held:
+            return (
+                "output_attentions with a static cache_implementation: decoder layer "
+                f"{index} keeps {held} slots, a rolling window that the {positions} positions fed "
+                "outgrow, which hfax's attentions (one column per position) do not lay out as "
+                "transformers' StaticCache does: leave cache_implementation unset, or ask for at most "
+                f"{held} positions (prompt and new tokens but the last)"
+            )
+    return ""
 
 
 def _square(parts: list[np.ndarray]) -> np.ndarray:

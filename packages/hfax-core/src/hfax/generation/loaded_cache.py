@@ -8,10 +8,12 @@ host, :func:`placed` puts them at the prompt's cached columns in the engine's bu
 writes them into its static cache before it prefills the tokens after them (:class:`Resume`). So a cache
 over an image's tokens continues without the image, as in transformers.
 
-Loaded (:func:`why_not_loaded` says why another is not): a decoder-only model whose cache layers all hold
-keys and values (transformers' full and sliding attention layers) and whose prompt is ids, with no other
-inputs than those laid out like them (token types); the caller's cache made of transformers' dynamic or
-static key/value layers. A sliding layer of transformers' keeps only its window (its last
+Loaded (:func:`why_not_loaded` says why another is not): a model whose cache layers all hold keys and
+values (transformers' full and sliding attention layers) and whose prompt is ids, with no other inputs
+than those laid out like them (token types); the caller's cache made of transformers' dynamic or static
+key/value layers. An encoder-decoder's decoder self-attention part is loaded so (its prompt is
+``decoder_input_ids``, its source goes to the encoder); the cross-attention part the prefill computes
+again from the source, and the driver checks the caller's, where filled, holds the same. A sliding layer of transformers' keeps only its window (its last
 ``sliding_window - 1`` tokens); they go to the columns they came from, the earlier ones stay empty, which
 the sliding mask never reads. Anything else keeps the engine's other path: its prefill computes the cached
 tokens again from the ids and the driver checks the cache holds them (:mod:`hfax.generation.driver`).
@@ -74,8 +76,7 @@ def why_not_loaded(
 
     from hfax.signatures import cache_parameter
 
-    if getattr(module.config, "is_encoder_decoder", False):
-        return "an encoder-decoder's cache is checked against the encoder's source"
+    cache = getattr(cache, "self_attention_cache", cache)  # an encoder-decoder's decoder part
     if embedded:
         return "the prompt is inputs_embeds"
     if layer_outputs:

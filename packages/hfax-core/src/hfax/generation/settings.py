@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hfax.generation import host_choice, loaded_cache, processors
+from hfax.generation import host_choice, layer_outputs, loaded_cache, outputs, processors
 from hfax.generation import inputs as model_inputs
 from hfax.generation.shapes import as_ids
 from hfax.generation.traits import GenerationTraits, Outcome, generation_traits
@@ -413,12 +413,23 @@ def prepare(
             getattr(config, name, False) for name in LAYER_OUTPUTS
         )
         why = loaded_cache.why_not_loaded(
-            module, cache, extra, ids.shape, embeds is not None, asked
+            module, cache, extra, ids.shape, embeds is not None and not encoder_decoder, asked
         )
         if "cache_input" in features and not why:
-            held = loaded_cache.held_layers(module, cache, cached)
+            # an encoder-decoder's decoder self-attention (its cross-attention prefill computes again)
+            decoder = getattr(cache, "self_attention_cache", cache)
+            held = loaded_cache.held_layers(module, decoder, cached)
         else:
-            _check_cached_media(module, ids[:, :cached], extra, why or "this backend loads none")
+            why = why or "this backend loads none"
+            _check_cached_media(module, ids[:, :cached], extra, why)
+            if encoder_decoder and not mask[:, :cached].all():
+                raise NotImplementedError(
+                    "decoder_attention_mask has zeros over the cached tokens, and hfax computes the "
+                    "cache's keys and values again from the ids here (it loads none: "
+                    f"{why}); they depend on the mask the cache was made with, which transformers reads "
+                    "as the cache holds it: pass a mask of ones over the cached tokens, or continue on "
+                    "the JAX backend"
+                )
     if "position_ids" in extra:
         _check_given_positions(module, extra["position_ids"], ids, encoder_decoder)
     if traits.result is not None:
@@ -440,6 +451,15 @@ def prepare(
     module._validate_generated_length(config, width, has_default["max_length"])
     prompt = ids.shape[1]
     _check_positions(model, prompt, prompt + int(config.max_length) - width, source)
+    if (
+        config.return_dict_in_generate
+        and config.output_attentions
+        and config.use_cache
+        and outputs.static_cache_asked(config)
+    ):  # the last step's keys: the prompt and every new token but the last
+        slots = outputs.static_cache_slots(module, config, prompt - width)
+        if why := layer_outputs.rolled_window(slots, prompt + int(config.max_length) - width - 1):
+            raise NotImplementedError(why)
 
     expand = max(config.num_beams, config.num_return_sequences)
     model_kwargs = (

@@ -161,13 +161,15 @@ class Forward:
         return logits.astype(jnp.float32), self._constrained(new_states), recorded
 
     def encoder_decoder(
-        self, window: Window, states: Any, source: dict[str, Any]
+        self, window: Window, states: Any, source: dict[str, Any], kept: Any = None
     ) -> tuple[Any, Any, Any, dict[str, Any]]:
         """The decoder's forward over ``window`` against ``source``: the encoder's inputs by name on the
-        first step (``states`` is ``None``), which runs the encoder alone as transformers' ``generate``
-        does; its output ``{"encoded", "mask"}`` (no ``mask`` for features) after. Also returns the
-        encoder's output, which the decode loop carries, and the per-layer outputs the decoding records
-        (the encoder's on the first step; :mod:`hfax.generation.layer_outputs`)."""
+        first step (``states`` is ``None``, or after a caller's cache its self-attention states alone,
+        ``{"self": ..., "cross": None}``, whose ``kept`` columns stay as loaded), which runs the encoder
+        alone as transformers' ``generate`` does; its output ``{"encoded", "mask"}`` (no ``mask`` for
+        features) after. Also returns the encoder's output, which the decode loop carries, and the
+        per-layer outputs the decoding records (the encoder's on the first step;
+        :mod:`hfax.generation.layer_outputs`)."""
         decoding = self.static.decoding
         flags = layer_outputs.flags(decoding, self.model.module)
         asked = [
@@ -200,7 +202,9 @@ class Forward:
                 tsource = (
                     {"encoded": encoded} if mask is None else {"encoded": encoded, "mask": mask}
                 )
-            cache = _encoder_decoder_cache(window.valid.shape[1], twindow.slot, tstates, tsource)
+            cache = _encoder_decoder_cache(
+                window.valid.shape[1], twindow.slot, tstates, tsource, to_tensor(kept)
+            )
             kwargs = dict(
                 decoder_input_ids=twindow.ids,
                 decoder_attention_mask=tmask,
@@ -283,9 +287,12 @@ def _prefixed(params: dict[str, Any]) -> dict[str, Any]:
     return {f"model.{name}": value for name, value in params.items()}
 
 
-def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str, Any]) -> Any:
+def _encoder_decoder_cache(
+    length: int, slot: Any, states: Any, source: dict[str, Any], kept: Any = None
+) -> Any:
     """Slot caches for the decoder's self-attention and for its cross-attention over the encoder's output,
-    whose keys and values the first step computes and later steps read."""
+    whose keys and values the first step computes and later steps read. After a caller's cache the
+    self-attention states come loaded (their ``kept`` columns stay) and the cross-attention is new."""
     from transformers.cache_utils import EncoderDecoderCache
 
     source_length = source["encoded"][0].shape[1]
@@ -293,8 +300,11 @@ def _encoder_decoder_cache(length: int, slot: Any, states: Any, source: dict[str
         return EncoderDecoderCache(
             slot_cache.SlotCache(length, slot), slot_cache.SlotCache(source_length, 0)
         )
+    decoder = slot_cache.SlotCache(length, slot, states=states["self"], kept=kept)
+    if states["cross"] is None:
+        return EncoderDecoderCache(decoder, slot_cache.SlotCache(source_length, 0))
     cache = EncoderDecoderCache(
-        slot_cache.SlotCache(length, slot, states=states["self"]),
+        decoder,
         slot_cache.SlotCache(source_length, 0, states=states["cross"]),
     )
     cache.is_updated = dict.fromkeys(range(len(states["cross"])), True)
@@ -405,6 +415,7 @@ def resume(
     start: jax.Array,
     arrays: Any,
     inputs: Any = None,
+    source: Any = None,
 ) -> dict[str, Any]:
     """:func:`prefill` after a caller's cache (:class:`hfax.generation.loaded_cache.Resume`): ``loaded``
     holds every layer's keys and values over the prompt's columns (zeros where it holds none: what precedes
@@ -414,11 +425,13 @@ def resume(
     and one program serves every cached length of a prompt bucket and ``fed``. ``inputs`` are laid out
     like ``ids`` (token types): the tokens fed get theirs, the image blocks come from all of them. The
     state has :func:`prefill`'s structure and placement, so the decode program is the one a call without
-    a cache runs."""
+    a cache runs. An encoder-decoder's ``loaded`` are its decoder's self-attention layers and ``source``
+    the encoder's inputs: the encoder and the cross-attention run here, as in :func:`prefill`."""
     batch, length = ids.shape
     capacity = static.decoding.capacity
     layout = _layout(model, static, batch, steps=0)
-    dtype = slot_cache.buffer_dtype(model.dtype, model.platform)
+    # the buffers' type as prefill makes them (an encoder-decoder's are the keys' own)
+    dtype = None if static.encoder_decoder else slot_cache.buffer_dtype(model.dtype, model.platform)
     dtype = model.dtype if dtype is None else getattr(jnp, str(dtype).removeprefix("torch."))
 
     def slots(value: jax.Array) -> jax.Array:
@@ -439,18 +452,28 @@ def resume(
     inputs = dict(inputs or {})
     fed_inputs = {name: value[:, first:] for name, value in inputs.items()}
     forward = Forward(model, static, layout, params)
-    logits, states, _ = forward.decoder(
-        window,
-        states,
-        inputs=fed_inputs,
-        token_types=inputs.get("token_type_ids"),
-        kept=columns < start,
-    )
+    if static.encoder_decoder:
+        logits, states, hidden, _ = forward.encoder_decoder(
+            window, {"self": states, "cross": None}, source, kept=columns < start
+        )
+    else:
+        logits, states, _ = forward.decoder(
+            window,
+            states,
+            inputs=fed_inputs,
+            token_types=inputs.get("token_type_ids"),
+            kept=columns < start,
+        )
     decoding = static.decoding
     chosen = _on_torch(
         lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
     )
-    return {"tokens": chosen, "states": states, "valid": valid}
+    state = {"tokens": chosen, "states": states, "valid": valid}
+    if static.encoder_decoder:
+        state["source"] = {"encoded": hidden}
+        if "attention_mask" in source:
+            state["source"]["mask"] = source["attention_mask"]
+    return state
 
 
 def decode(
@@ -549,10 +572,13 @@ def resume_program(
     start: Any,
     arrays: Any,
     inputs: Any,
+    source: Any,
     static: tuple[Static, int],
 ) -> Any:
     settled, fed = static
-    return resume(model, settled, fed, params, ids, prompt_mask, loaded, start, arrays, inputs)
+    return resume(
+        model, settled, fed, params, ids, prompt_mask, loaded, start, arrays, inputs, source
+    )
 
 
 def decode_program(
@@ -604,7 +630,7 @@ class JaxEngine:
             return Run(
                 static,
                 arrays,
-                self._resume(padded.resume, static, ids, prompt_mask, arrays, inputs),
+                self._resume(padded.resume, static, ids, prompt_mask, arrays, inputs, source),
             )
         program = model.program("prefill", prefill_program)
         state = program(model.params, ids, prompt_mask, source, arrays, inputs, static=static)
@@ -618,6 +644,7 @@ class JaxEngine:
         prompt_mask: Any,
         arrays: Any,
         inputs: Any,
+        source: Any = None,
     ) -> Any:
         """The prefill after the caller's cache, loaded (:func:`resume`): its own program, one per prompt
         bucket and bucket of new tokens; a call without a cache runs none of it."""
@@ -626,7 +653,7 @@ class JaxEngine:
                 f"{type(self.model.module).__name__} decodes without a cache here, so hfax's generate "
                 "cannot continue from a caller's: call it without past_key_values, with the whole sequence"
             )
-        if len(resume.layers) != len(static.layer_types or ()):
+        if static.layer_types is not None and len(resume.layers) != len(static.layer_types):
             raise NotImplementedError(
                 f"hfax's JAX cache has {len(static.layer_types or ())} layers for this model and "
                 f"past_key_values {len(resume.layers)}: pass a cache this model made"
@@ -644,6 +671,7 @@ class JaxEngine:
             mesh.replicate(np.int32(resume.start), self.model.mesh),
             arrays,
             inputs,
+            source,
             static=(static, resume.fed),
         )
 
