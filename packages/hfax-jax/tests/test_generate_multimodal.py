@@ -272,11 +272,14 @@ def test_a_cache_over_an_image_continues_without_the_image(multimodal):
     the image, as transformers' own callers do (hfax loads the cache's keys and values and prefills only
     the tokens after them), tokens equal and scores within 1e-4 of transformers' continuation from its own
     cache, and of one call; with the image given again too (the prefill then computes the cached tokens
-    again from the ids and the image, and checks the cache)."""
+    again from the ids and the image, and checks the cache). Qwen2-VL's multimodal positions come from
+    what places the image (``image_grid_thw``, and ``mm_token_type_ids`` over the first call's prompt,
+    which transformers extends with text's zeros, as its own test_generate_continue_from_past_key_values
+    passes them), without the pixels."""
     import copy
 
     name, reference, model = multimodal
-    if name not in ("gemma3", "llava"):
+    if name not in ("gemma3", "llava", "qwen2_vl"):
         pytest.skip("a decoder-only model with one image per prompt")
     inputs = multimodal_inputs(name, seed=13)
     options = dict(return_dict_in_generate=True, output_scores=True, do_sample=False)
@@ -293,6 +296,9 @@ def test_a_cache_over_an_image_continues_without_the_image(multimodal):
         for key in ("attention_mask", "token_type_ids")
         if key in inputs
     }
+    grown.update(
+        {key: inputs[key] for key in ("image_grid_thw", "mm_token_type_ids") if key in inputs}
+    )
     then = dict(input_ids=sequences, max_new_tokens=1, **options)
     with torch.no_grad():
         want = reference.generate(

@@ -146,6 +146,34 @@ def rope_index(module: Any) -> Callable[..., Any] | None:
     return None
 
 
+#: Config fields naming the placeholder token of an image, a video or a clip in a multimodal prompt.
+MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id")
+
+
+def media_placeholders(config: Any, ids: np.ndarray) -> list[str]:
+    """The :data:`MEDIA_TOKENS` fields of ``config`` whose placeholder token ``ids`` hold."""
+    return [
+        name
+        for name in MEDIA_TOKENS
+        if isinstance(getattr(config, name, None), int) and (ids == getattr(config, name)).any()
+    ]
+
+
+def rope_inputs_missing(module: Any, inputs: dict[str, Any]) -> set[str]:
+    """What the model's ``get_rope_index`` needs that ``inputs`` (with the ids and mask) lack: where any,
+    transformers' generate gives the prompt its text positions (:func:`positions` does too)."""
+    function = rope_index(module)
+    if function is None:
+        return set()
+    required = {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    return required - {*inputs, "input_ids", "attention_mask"}
+
+
 def positions(
     module: Any, ids: np.ndarray, mask: np.ndarray, inputs: dict[str, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -159,13 +187,7 @@ def positions(
     if function is None or not any(name.endswith("grid_thw") for name in inputs):
         return None
     accepted = inspect.signature(function).parameters
-    required = {
-        name
-        for name, parameter in accepted.items()
-        if parameter.default is inspect.Parameter.empty
-        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    }
-    if required - {*inputs, "input_ids", "attention_mask"}:
+    if rope_inputs_missing(module, inputs):
         # transformers' generate too: without the processor's token types (mm_token_type_ids) it gives
         # the prompt its text positions (its _prepare_position_ids_for_generation)
         return None

@@ -64,14 +64,21 @@ def why_not_loaded(
     module: Any,
     cache: Any,
     inputs: dict[str, np.ndarray],
-    ids_shape: tuple[int, int],
+    ids: np.ndarray,
+    cached: int,
     embedded: bool,
     layer_outputs: bool,
 ) -> str:
-    """Why the caller's ``cache`` is not loaded into the engine's (``""`` when it is): see the module's
-    docstring. ``inputs`` are the call's other model inputs, ``embedded`` whether the prompt is
-    ``inputs_embeds``, ``layer_outputs`` whether the call records hidden states or attentions (whose first
-    step would be the tokens fed, transformers' shape, where the other path gives the whole prompt's)."""
+    """Why the caller's ``cache`` of the prompt's first ``cached`` tokens is not loaded into the engine's
+    (``""`` when it is): see the module's docstring. ``inputs`` are the call's other model inputs,
+    ``embedded`` whether the prompt ``ids`` stand for ``inputs_embeds``, ``layer_outputs`` whether the call
+    records hidden states or attentions (whose first step would be the tokens fed, transformers' shape,
+    where the other path gives the whole prompt's).
+
+    A model with multimodal rotary positions (``get_rope_index``) loads a cache over images when the call
+    gives what places them (``image_grid_thw`` and the processor's ``mm_token_type_ids``, the pixels
+    being in the cache), as transformers computes the prompt's positions from those alone; the tokens
+    after the cache then hold no image."""
     from transformers import cache_utils
 
     from hfax.signatures import cache_parameter
@@ -81,14 +88,25 @@ def why_not_loaded(
         return "the prompt is inputs_embeds"
     if layer_outputs:
         return "the call records hidden states or attentions of the whole prompt"
-    aligned = model_inputs.row_aligned(inputs, ids_shape)
-    others = sorted(name for name in inputs if name not in aligned or name == "position_ids")
+    rope = model_inputs.rope_index(module) is not None
+    grids = {name for name in inputs if rope and name.endswith("grid_thw")}  # they place positions
+    aligned = model_inputs.row_aligned(inputs, ids.shape)
+    others = sorted(
+        name
+        for name in inputs
+        if (name not in aligned or name == "position_ids") and name not in grids
+    )
     if others:
         return f"the call passes {', '.join(others)}"
-    if model_inputs.rope_index(module) is not None:
-        return (
-            "the model's positions are multimodal (get_rope_index), which the cached media decide"
-        )
+    if rope and model_inputs.media_placeholders(module.config, ids):
+        missing = model_inputs.rope_inputs_missing(module, inputs)
+        if not grids or missing:
+            return (
+                "the model's positions are multimodal (get_rope_index), which the cached media "
+                f"decide, and the call does not pass {', '.join(sorted(missing) or ['their grids'])}"
+            )
+        if model_inputs.media_placeholders(module.config, ids[:, cached:]):
+            return "the tokens after the cached ones hold media placeholders"
     if not cache_parameter(module.forward):
         return "the model decodes without a cache"
     try:

@@ -409,11 +409,12 @@ def prepare(
     cached = _cached_length(cache, ids, embeds is not None, features, decoder_mask)
     held = None
     if cached:
+        extra = _token_types_over(extra, ids.shape, cached)
         asked = bool(config.return_dict_in_generate) and any(
             getattr(config, name, False) for name in LAYER_OUTPUTS
         )
         why = loaded_cache.why_not_loaded(
-            module, cache, extra, ids.shape, embeds is not None and not encoder_decoder, asked
+            module, cache, extra, ids, cached, embeds is not None and not encoder_decoder, asked
         )
         if "cache_input" in features and not why:
             # an encoder-decoder's decoder self-attention (its cross-attention prefill computes again)
@@ -638,8 +639,32 @@ def _cached_length(
     return length
 
 
-#: Config fields naming the placeholder token of an image, a video or a clip in a multimodal prompt.
-MEDIA_TOKENS = ("image_token_id", "video_token_id", "audio_token_id")
+#: Token types transformers' generate extends for each token it generates (its
+#: ``_update_model_kwargs_for_generation``): multimodal ones with zeros (text), others with the last value.
+EXTENDED_TOKEN_TYPES = {"mm_token_type_ids": "zeros", "token_type_ids": "last"}
+
+
+def _token_types_over(
+    extra: dict[str, np.ndarray], shape: tuple[int, int], cached: int
+) -> dict[str, np.ndarray]:
+    """``extra`` with token types that cover only the prompt a caller's cache of ``cached`` tokens was
+    made from (narrower than the prompt ``shape``, and no wider than the cache) extended over the tokens
+    generated after it, as transformers extends them step by step; transformers' own
+    ``test_generate_continue_from_past_key_values`` passes them so."""
+    extended = dict(extra)
+    for name, fill in EXTENDED_TOKEN_TYPES.items():
+        value = extra.get(name)
+        if value is None or value.ndim != 2 or value.shape[0] != shape[0]:
+            continue
+        if value.shape[1] < shape[1] and value.shape[1] <= cached and value.shape[1]:
+            after = shape[1] - value.shape[1]
+            tail = (
+                np.zeros((shape[0], after), value.dtype)
+                if fill == "zeros"
+                else np.repeat(value[:, -1:], after, axis=1)
+            )
+            extended[name] = np.concatenate([value, tail], axis=1)
+    return extended
 
 
 def _check_cached_media(
@@ -653,11 +678,7 @@ def _check_cached_media(
     if not cached.size:
         return
     config = module.config
-    held = [
-        name
-        for name in MEDIA_TOKENS
-        if isinstance(getattr(config, name, None), int) and (cached == getattr(config, name)).any()
-    ]
+    held = model_inputs.media_placeholders(config, cached)
     media = [name for name in extra if name.startswith(("pixel_values", "input_features"))]
     if held and not media:
         raise NotImplementedError(

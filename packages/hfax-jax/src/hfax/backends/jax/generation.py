@@ -423,7 +423,8 @@ def resume(
     the model, at their own positions, against them. The cache keeps the loaded keys and values before
     ``start`` (traced: the first new token's column), so the fed columns before it only fill the window,
     and one program serves every cached length of a prompt bucket and ``fed``. ``inputs`` are laid out
-    like ``ids`` (token types): the tokens fed get theirs, the image blocks come from all of them. The
+    like ``ids`` (token types) or are the prompt's multimodal positions with each row's ``offsets`` for
+    the tokens after it: the tokens fed get theirs, the image blocks come from all of them. The
     state has :func:`prefill`'s structure and placement, so the decode program is the one a call without
     a cache runs. An encoder-decoder's ``loaded`` are its decoder's self-attention layers and ``source``
     the encoder's inputs: the encoder and the cross-attention run here, as in :func:`prefill`."""
@@ -450,7 +451,10 @@ def resume(
     columns = jnp.arange(first, length)
     window = Window(ids[:, first:], positions[:, first:], valid, columns, first)
     inputs = dict(inputs or {})
-    fed_inputs = {name: value[:, first:] for name, value in inputs.items()}
+    offsets = inputs.pop("offsets", None)
+    # laid out like the ids, and multimodal positions ([sections, rows, length]): the tokens fed
+    fed_inputs = {name: value[..., first:] if name == "position_ids" else value[:, first:]
+                  for name, value in inputs.items()}  # fmt: skip
     forward = Forward(model, static, layout, params)
     if static.encoder_decoder:
         logits, states, hidden, _ = forward.encoder_decoder(
@@ -473,6 +477,8 @@ def resume(
         state["source"] = {"encoded": hidden}
         if "attention_mask" in source:
             state["source"]["mask"] = source["attention_mask"]
+    if offsets is not None:
+        state["offsets"] = offsets
     return state
 
 
