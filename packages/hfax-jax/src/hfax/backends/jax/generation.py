@@ -390,11 +390,27 @@ def prefill(
         states = slot_cache.grow(states, capacity, in_place=layout.in_place_cache)
     if model.mesh is not None:
         states = mesh.constrain(states, functools.partial(_state_sharding, model.mesh))
-    state = {"tokens": chosen, "states": states, "valid": valid}
+    state = _decode_state(static, chosen, states, valid, hidden, source, offsets)
     if recorded:
         state["outputs"] = _whole(
             model, _on_torch(lambda r: layer_outputs.start(r, capacity), recorded)
         )
+    return state
+
+
+def _decode_state(
+    static: Static,
+    chosen: Any,
+    states: Any,
+    valid: Any,
+    hidden: Any,
+    source: Any,
+    offsets: Any,
+) -> dict[str, Any]:
+    """What the decode loop carries after the prompt (:func:`prefill`'s and :func:`resume`'s alike, so
+    both feed one decode program): the token state, the cache's states and valid slots, an
+    encoder-decoder's encoder output and source mask, the rows' position offsets where there are any."""
+    state = {"tokens": chosen, "states": states, "valid": valid}
     if static.encoder_decoder:
         state["source"] = {"encoded": hidden}
         if "attention_mask" in source:
@@ -468,18 +484,12 @@ def resume(
             token_types=inputs.get("token_type_ids"),
             kept=columns < start,
         )
+        hidden = None
     decoding = static.decoding
     chosen = _on_torch(
         lambda i, m, lg, a: tokens.start(i, m, lg, decoding, a), ids, prompt_mask, logits, arrays
     )
-    state = {"tokens": chosen, "states": states, "valid": valid}
-    if static.encoder_decoder:
-        state["source"] = {"encoded": hidden}
-        if "attention_mask" in source:
-            state["source"]["mask"] = source["attention_mask"]
-    if offsets is not None:
-        state["offsets"] = offsets
-    return state
+    return _decode_state(static, chosen, states, valid, hidden, source, offsets)
 
 
 def decode(
