@@ -246,6 +246,22 @@ def test_encoder_decoder_greedy_and_beams(tiny):
         )
 
 
+def test_a_mask_of_floats_is_read_as_transformers_reads_it(tiny):
+    """An ``attention_mask`` of 0.0 and 1.0 (a float tensor, as some pipelines build it) gives the tokens
+    of the same mask as integers, as in transformers; other float values are an error naming the mask."""
+    reference, model = tiny("llama")
+    ids, mask = left_padded(PROMPTS)
+    floats = mask.astype(np.float32)
+    want = transformers_generate(reference, ids, floats, max_new_tokens=6).numpy()
+    np.testing.assert_array_equal(
+        want, transformers_generate(reference, ids, mask, max_new_tokens=6).numpy()
+    )
+    got = model.generate(ids, attention_mask=torch.as_tensor(floats), max_new_tokens=6)
+    np.testing.assert_array_equal(as_numpy(got), want)
+    with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+        model.generate(ids, attention_mask=floats * 0.5, max_new_tokens=6)
+
+
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_CONFIGS))
 def test_a_decoder_prompt_and_its_mask_are_read_as_transformers_reads_them(tiny, name):
     """``decoder_input_ids`` whose rows all lack the decoder start token get it prepended, as

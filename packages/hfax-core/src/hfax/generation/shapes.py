@@ -28,7 +28,9 @@ def bucket(n: int, minimum: int) -> int:
 
 
 def as_ids(name: str, value: Any) -> np.ndarray:
-    """Token ids (numpy, torch, JAX, lists) as an int64 ``[batch, length]`` array, or a clear error."""
+    """Token ids (numpy, torch, JAX, lists) as an int64 ``[batch, length]`` array, or a clear error. A
+    mask (``attention_mask``, ``decoder_attention_mask``) may also be floats of 0 and 1, which
+    transformers' generate takes too."""
     if hasattr(value, "detach"):  # a torch tensor, on any device
         value = value.detach().cpu().numpy()
     array = np.asarray(value)
@@ -43,9 +45,13 @@ def as_ids(name: str, value: Any) -> np.ndarray:
         and not np.issubdtype(array.dtype, np.integer)
         and not np.issubdtype(array.dtype, np.bool_)
     ):
-        raise TypeError(
-            f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer"
-        )
+        if name.endswith("mask") and np.issubdtype(array.dtype, np.floating):
+            if not np.isin(array, (0.0, 1.0)).all():
+                raise ValueError(f"{name} must hold only 0 and 1, got other {array.dtype} values")
+        else:
+            raise TypeError(
+                f"{name} must hold integers, got dtype {array.dtype}; pass token ids from the tokenizer"
+            )
     return array.astype(np.int64)
 
 
