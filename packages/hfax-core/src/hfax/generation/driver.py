@@ -151,9 +151,8 @@ def pad_request(model: Any, request: settings.Request, engine: Engine) -> Padded
         rope = model_inputs.positions(model.module, ids, mask, inputs)
         if rope is not None:
             inputs["position_ids"], offsets = rope
-            if (
-                request.held is not None
-            ):  # the images are in the loaded cache: their grids placed them
+            # the images are in a loaded cache: their grids only placed the positions
+            if request.held is not None:
                 inputs = {n: v for n, v in inputs.items() if not n.endswith("grid_thw")}
         elif "position_ids" in inputs:  # the caller's: later tokens go on from each row's last one
             offsets = (inputs["position_ids"][:, -1] + 1 - mask.sum(1)).astype(np.int32)
