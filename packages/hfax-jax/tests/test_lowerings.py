@@ -126,3 +126,42 @@ def test_a_slice_between_two_counts_of_a_decode_step_is_gathered():
     for slot in (1, 7, 31):
         got = np.asarray(jax.jit(sliced)(jnp.int32(slot)))
         np.testing.assert_array_equal(got, table[:, slot : slot + 5])
+
+
+@pytest.mark.parametrize("size", [4096, 32000, 50257, 262144])
+def test_argmax_over_a_vocabulary_is_pytorchs_first_largest_index(size):
+    # Blocked on XLA:CPU from 4096 elements (lowerings.argmax): the index is still the first largest
+    # value's, ties across and inside blocks, NaN ranked first and minus infinity included.
+    import jax
+
+    from hfax.backends.jax import lowerings
+
+    generator = torch.Generator().manual_seed(size)
+    logits = torch.randn(6, size, generator=generator)
+    logits[1, [5, size // 2, size - 1]] = 9.0  # a tie across blocks: the first wins
+    logits[2, [size - 2, size - 1]] = 9.0  # a tie inside the last (padded) block
+    logits[3, size - 1] = 9.0  # the largest in the last element
+    logits[4] = float("-inf")  # nothing larger than minus infinity: index 0
+    logits[5, [7, size - 3]] = float("nan")  # NaN ranks first, as in PyTorch
+    logits[5, 3] = float("inf")
+    for dim, keepdim, x in [
+        (-1, False, logits),
+        (1, True, logits),
+        (0, False, logits.T.contiguous()),
+    ]:
+        expected = torch.argmax(x, dim=dim, keepdim=keepdim)
+        actual = on_jax(torch.argmax, x, dim=dim, keepdim=keepdim)
+        np.testing.assert_array_equal(actual, expected.numpy())
+    expected = torch.argmax(logits[1])
+    np.testing.assert_array_equal(on_jax(lambda t: torch.argmax(t), logits[1]), expected.numpy())
+    np.testing.assert_array_equal(on_jax(lambda t: t.argmax(-1), logits), logits.argmax(-1).numpy())
+
+    # The blocked form is what torch.argmax runs: the array is reduced as [rows, blocks, block].
+    def traced(x):
+        with env():
+            return to_array(torch.argmax(to_tensor(x), dim=-1))
+
+    block = 1 << (int(np.log2(size)) // 2)
+    assert lowerings.BLOCKED_ARGMAX_FROM <= size
+    text = jax.jit(traced).lower(np.zeros((2, size), np.float32)).as_text()
+    assert f"tensor<2x{-(-size // block)}x{block}xf32>" in text
