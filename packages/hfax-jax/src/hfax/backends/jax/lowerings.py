@@ -1,5 +1,6 @@
 """Lowerings hfax gives torchax: ops whose default lowering hides attention heads from GSPMD, misses
-PyTorch's semantics, or does not exist.
+PyTorch's semantics, runs far below the machine's speed on XLA:CPU (``linear`` of a few rows, ``argmax``
+over a vocabulary), or does not exist.
 
 torch decomposes a 4-D ``matmul`` (and torchax's reference ``scaled_dot_product_attention`` calls it) into
 3-D batched matmuls over ``batch * heads``. Once batch and heads are merged, GSPMD cannot keep heads split
