@@ -48,6 +48,7 @@ class StandInEngine:
     the scheduler's thread competes with the HTTP layer's for the interpreter all the time)."""
 
     prefixes = 0  # no prefix store: every prompt is prefilled (for nothing) whole
+    lookup = 0  # no guessed tokens: a step gives a row one token
 
     def __init__(self, slots: int, length: int, chunk: int, step_s: float = 0.0) -> None:
         self.step_s = step_s
@@ -82,7 +83,7 @@ class StandInEngine:
             "the stand-in engine scores nothing: this benchmark sends no echo"
         )
 
-    def decode(self, steps: int, rows: int, allowed: Any = None) -> None:
+    def decode(self, steps: int, rows: int, allowed: Any = None, guess: bool = False) -> None:
         self.steps, self.rows = steps, rows
 
     def read(self) -> Any:

@@ -426,3 +426,37 @@ def test_decodes_over_a_short_window_of_columns_get_their_generate_tokens(tiny, 
     assert widths[:2] == [32, 32] and 160 in widths, chosen
     with pytest.raises(ValueError, match="short decode window"):
         SlotEngine(model, slots=4, length=160, chunk=4, window=160)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_decodes_guessing_by_prompt_lookup_get_their_generate_tokens(tiny, name):
+    # Guessing steps (3 tokens a row by prompt lookup, checked in the same forward) give greedy rows
+    # generate's tokens, more than one a step where the model agrees with the guess, and a sampled row
+    # its own draws one a step; a row whose guesses were cut rolls right (Chunk.moved), the cache then
+    # shifts under the rolled rows, and Gemma 3's sliding layer (a window of 4) sees the column distances
+    # of plain decoding. Plain chunks after guessing ones continue from the same rows.
+    _, _, model = tiny(name)
+    prompts = [[1, 5, 9, 30, 5, 9, 30, 5, 9], PROMPTS[1], PROMPTS[0]]
+    greedy = [_generated(model, p, do_sample=False) for p in prompts[:2]]
+    sampled = _generated(model, prompts[2], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=4, length=96, chunk=4, lookup=3)
+    engine.restart(40)
+    samplings = [Sampling(0.0), Sampling(0.0), Sampling(**SAMPLED)]
+    admitted = [Admission(row, p, s, NEW) for row, (p, s) in enumerate(zip(prompts, samplings))]
+    tokens = {a.row: [int(c["token"])] for a, c in zip(admitted, engine.admit(admitted))}
+    most, moved = 0, np.zeros((4,), int)
+    for guess in (True, True, False, True, True, False, False):
+        if not guess:
+            engine.shift(-8)
+        engine.decode(engine.chunk, 3, guess=guess)
+        chunk = engine.read()
+        most = max(most, int(chunk.count[:2].max()))
+        moved += chunk.moved
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        assert chunk.count[2] <= engine.chunk  # a sampled row: one token a step
+    assert chunk.finished[:3].all()
+    assert [tokens[0], tokens[1]] == greedy and tokens[2] == sampled
+    assert most > engine.chunk and moved[:2].sum() > 0  # guesses were kept, and some cut
+    with pytest.raises(ValueError, match="lookup=0"):
+        SlotEngine(model, slots=4, length=96, chunk=4).decode(4, 1, guess=True)

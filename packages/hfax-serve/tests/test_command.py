@@ -70,8 +70,8 @@ class RecordingEngine:
 
     prefixes = 0  # no prefix store
 
-    def __init__(self, slots: int, piece: int) -> None:
-        self.slots, self.piece, self.calls = slots, piece, []
+    def __init__(self, slots: int, piece: int, lookup: int = 0) -> None:
+        self.slots, self.piece, self.lookup, self.calls = slots, piece, lookup, []
 
     def bucket(self, length):
         return 16
@@ -79,8 +79,8 @@ class RecordingEngine:
     def admit(self, requests):
         self.calls.append(("admit", [request.row for request in requests]))
 
-    def decode(self, steps, rows):
-        self.calls.append(("decode", rows))
+    def decode(self, steps, rows, guess=False):
+        self.calls.append(("guess" if guess else "decode", rows))
 
     def read(self):
         self.calls.append(("read",))
@@ -113,9 +113,9 @@ class Serving(hfax.Backend):
     def serves(self):
         return True
 
-    def serving_engine(self, model, *, slots, length, chunk, prefixes=0, piece=0):
+    def serving_engine(self, model, *, slots, length, chunk, prefixes=0, piece=0, lookup=0):
         self.asked = (model, slots, length, chunk, prefixes, piece)
-        return RecordingEngine(slots, piece)
+        return RecordingEngine(slots, piece, lookup)
 
 
 def test_the_server_warms_up_the_engine_its_backend_declares():
@@ -134,6 +134,23 @@ def test_the_server_warms_up_the_engine_its_backend_declares():
     assert [call[1] for call in engine.calls[released:] if call[0] == "decode"] == [1, 2, 4]
     assert engine.calls[-2:] == [("shift", 0), ("restart", 0)]
     assert not any(call[0] == "prefill" for call in engine.calls)
+    assert not any(call[0] == "guess" for call in engine.calls)
+
+
+def test_the_warm_up_of_an_engine_guessing_tokens_compiles_its_guessing_decodes():
+    """With prompt lookup, the warm-up also runs a guessing decode of greedy rows for every power of two
+    of rows up to the scheduler's ``LOOKUP_ROWS``, busy and then free (a short window and whole rows)."""
+    from hfax.serve.scheduler import LOOKUP_ROWS
+
+    backend, model = Serving(), object()
+    engine = serve.engine(backend, model, slots=8, length=64, lookup=3)
+    assert LOOKUP_ROWS == 4
+    guesses = [call[1] for call in engine.calls if call[0] == "guess"]
+    assert guesses == [1, 2, 4, 1, 2, 4]
+    decodes = [call[1] for call in engine.calls if call[0] == "decode"]
+    assert decodes == [1, 2, 4, 8, 1, 2, 4, 8]
+    released = engine.calls.index(("release", True))
+    assert [call[1] for call in engine.calls[released:] if call[0] == "guess"] == [1, 2, 4]
 
 
 def test_the_warm_up_prefills_a_piece_of_every_power_of_two_of_prompts():

@@ -28,6 +28,7 @@ class ColumnsEngine:
     vocab = 40  # two words of allowed bits per row
     prefixes = 0  # no prefix store
     piece = 0  # every prompt prefilled whole
+    lookup = 0  # no guessed tokens
 
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         self.slots, self.length, self.chunk, self.clock = slots, length, chunk, 0
@@ -63,7 +64,7 @@ class ColumnsEngine:
             )
         return choices
 
-    def decode(self, steps: int, rows: int, allowed=None) -> None:
+    def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
         self.allowed.append(("decode", steps, allowed))
         self.rows_run.append(rows)
         self.count = np.where(np.arange(self.slots) < rows, np.minimum(self.left, steps), 0)
@@ -360,7 +361,7 @@ class PieceEngine(ColumnsEngine):
                                "top_logprobs": np.zeros(5)})  # fmt: skip
         return chosen
 
-    def decode(self, steps: int, rows: int, allowed=None) -> None:
+    def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
         self.calls.append(("decode", rows))
         super().decode(steps, rows, allowed)
 

@@ -83,13 +83,15 @@ class Backend(abc.ABC):
         chunk: int,
         prefixes: int = 0,
         piece: int = 0,
+        lookup: int = 0,
     ) -> SlotEngine:
         """A continuous-batching engine over ``model`` (one this backend built): ``slots`` rows of a
         ``length``-column cache, ``chunk`` decode steps per :meth:`~hfax.generation.slots.SlotEngine.decode`,
         a store of ``prefixes`` prompt prefixes (:meth:`~hfax.generation.slots.SlotEngine.keep`; an
         engine may keep fewer, none when it cannot keep them exact), long prompts prefilled in pieces of
         ``piece`` tokens (:meth:`~hfax.generation.slots.SlotEngine.prefill`; 0, or an engine that cannot
-        keep them exact: whole).
+        keep them exact: whole), and ``lookup`` tokens a step guessed by prompt lookup when a decode asks
+        for guesses (``decode(..., guess=True)``; 0: none).
         A backend that overrides it overrides :meth:`serves` too. Default: refused, naming the backend."""
         raise NotImplementedError(
             f"the {self.name} backend has no continuous-batching engine, so hfax serve cannot run on it; "

@@ -31,6 +31,9 @@ class Chunk:
     top_logprobs: np.ndarray
     count: np.ndarray
     finished: np.ndarray
+    # How many columns right each row's tokens moved in the chunk (prompt lookup hides the columns of
+    # guesses the model did not take and rolls the row: the host's record of its columns follows).
+    moved: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,7 @@ class SlotEngine(Protocol):
     prefix_refusal: str  # why the model gets no prefix store ("" if it may have one)
     piece: int  # prompt tokens a piece holds at most (0: every prompt prefilled whole)
     piece_refusal: str  # why the model's prompts are prefilled whole ("" if they may go in pieces)
+    lookup: int  # tokens a guessing decode step guesses per row by prompt lookup (0: it never guesses)
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
@@ -149,10 +153,17 @@ class SlotEngine(Protocol):
         """``ids``' own log-probabilities (what ``echo`` with ``logprobs`` answers), in a forward of their
         own that leaves every row as it is."""
 
-    def decode(self, steps: int, rows: int, allowed: np.ndarray | None = None) -> None:
+    def decode(
+        self, steps: int, rows: int, allowed: np.ndarray | None = None, guess: bool = False
+    ) -> None:
         """Start up to ``steps`` decode steps over the first ``rows`` rows (the others are free). With
         ``allowed`` (int32 ``[slots, ceil(vocab / 32)]``, every bit set in a row without a grammar),
-        ``steps`` must be 1: each row's token is chosen among the tokens its bits allow."""
+        ``steps`` must be 1: each row's token is chosen among the tokens its bits allow. With ``guess``
+        (an engine with ``lookup`` above 0), each step also feeds every row ``lookup`` tokens guessed by
+        prompt lookup and gives it those its greedy choice agrees with, then its own: a greedy row
+        without a penalty or a bias gets the tokens it gets without guesses, up to ``lookup + 1`` a
+        step; every other row one token a step, as without. Such a step writes ``lookup + 1`` columns
+        and rolls each row right by the columns of the guesses it did not keep (``Chunk.moved``)."""
 
     def read(self) -> Chunk:
         """The last chunk's tokens per row; waits for the device."""

@@ -36,6 +36,14 @@ CHUNK = 4
 #: piece of 256 tokens still fills the matrix units (docs/PERFORMANCE.md, "hfax serve: prefill in pieces").
 PIECE = 256
 
+#: Tokens a decode step guesses per row by prompt lookup when ``--prompt-lookup`` is not given: a step
+#: feeds each row its last token and this many guesses, the model checks them all in one forward, and a
+#: row keeps the guesses its greedy choice agrees with (:func:`hfax.backends.jax.slots._speculate`). On a
+#: device bound by reading its weights (a few rows) that forward costs about one token's, so every guess
+#: kept is a token for free; a guess the model rejects costs its share of the forward. 3 gave the most
+#: tokens per second for one client in docs/PERFORMANCE.md, "Prompt lookup".
+LOOKUP = 3
+
 
 def context_length(model: Any, requested: int | None) -> int:
     """The columns of each row: ``requested``, else the model's positions up to 1024 (each row holds its
@@ -72,6 +80,7 @@ def engine(
     chunk: int = CHUNK,
     prefixes: int = 0,
     piece: int = 0,
+    lookup: int = 0,
 ) -> SlotEngine:
     """``backend``'s slot engine for ``model`` (:meth:`hfax.Backend.serving_engine`) with a store of
     ``prefixes`` prompt prefixes and prompts longer than ``piece`` tokens prefilled in pieces, its
@@ -79,10 +88,14 @@ def engine(
     the engine's short window of columns, if it has one, and over whole rows), a
     prefill of that many one-token prompts admitted together (requests arriving together, or one
     request's ``n`` choices, then compile nothing until a longer prompt comes), and a prefill of that
-    many pieces (long prompts then compile nothing)."""
+    many pieces (long prompts then compile nothing); with ``lookup`` guesses a step, the decodes that
+    guess (prompt lookup) for every power of two of rows up to the scheduler's ``LOOKUP_ROWS``."""
+    from hfax.serve.scheduler import LOOKUP_ROWS
+
     slot_engine = backend.serving_engine(
-        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes, piece=piece
+        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes, piece=piece, lookup=lookup
     )
+    guessing = LOOKUP_ROWS if slot_engine.lookup else 0
     slot_engine.restart(slot_engine.bucket(1))
     rows = 1
     while rows < 2 * slots:
@@ -90,6 +103,10 @@ def engine(
         slot_engine.admit([Admission(row, [0], Sampling(), 2) for row in range(busy)])
         slot_engine.decode(1, busy)
         slot_engine.read()
+        if busy <= guessing:
+            slot_engine.admit([Admission(row, [0], Sampling(0.0), 2) for row in range(busy)])
+            slot_engine.decode(1, busy, guess=True)
+            slot_engine.read()
         rows *= 2
     if slot_engine.piece:
         slot_engine.restart(slot_engine.piece)
@@ -106,6 +123,9 @@ def engine(
     while rows < 2 * slots:  # with no row busy: a decode over whole rows, which runs no step
         slot_engine.decode(1, min(rows, slots))
         slot_engine.read()
+        if min(rows, slots) <= guessing:
+            slot_engine.decode(1, min(rows, slots), guess=True)
+            slot_engine.read()
         rows *= 2
     slot_engine.shift(0)
     slot_engine.restart(0)  # and the warm-up's columns hidden
@@ -126,11 +146,13 @@ def run(
     drain: float,
     prefixes: int = 0,
     prefill_chunk: int | None = None,
+    lookup: int = LOOKUP,
 ) -> None:
     """Serve ``model``, which ``backend`` built, on ``host:port`` until interrupted; in-flight requests get
     ``drain`` seconds to end; prompts' prefixes are kept in a store of ``prefixes`` entries for requests
     that begin with them (:mod:`hfax.serve.prefixes`); prompts longer than ``prefill_chunk`` tokens
-    (:func:`prefill_piece`) are prefilled in pieces between decode chunks."""
+    (:func:`prefill_piece`) are prefilled in pieces between decode chunks; while few rows are busy and
+    all of them greedy, each decode step guesses ``lookup`` tokens a row by prompt lookup (0: none)."""
     import uvicorn
 
     from hfax.serve.app import Server, build
@@ -141,7 +163,9 @@ def run(
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     piece = prefill_piece(prefill_chunk, length)
-    slot_engine = engine(backend, model, max_batch, length, prefixes=prefixes, piece=piece)
+    slot_engine = engine(
+        backend, model, max_batch, length, prefixes=prefixes, piece=piece, lookup=lookup
+    )
     if prefixes and slot_engine.prefix_refusal:
         log.warning("hfax serve: prefix caching is off: %s", slot_engine.prefix_refusal)
     if piece and slot_engine.piece_refusal:

@@ -62,6 +62,14 @@ def serve_command(
         "this many between decode chunks, so running streams keep flowing (default: 256, when rows "
         "hold more; 0 prefills every prompt whole).",
     ),
+    prompt_lookup: Optional[int] = typer.Option(
+        None,
+        "--prompt-lookup",
+        help="Tokens each decode step guesses per row by prompt lookup (the tokens that followed the "
+        "row's last few tokens earlier in its prompt or output), checked by the model in the same "
+        "forward: a greedy request gets the same tokens, sooner, while at most 4 rows are busy and "
+        "all of them greedy without penalties (default: 3; 0 guesses none).",
+    ),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching (Ctrl-C stops it)."""
     if max_batch < 1 or max_queue < 0:
@@ -74,6 +82,10 @@ def serve_command(
         raise UserError(
             f"--prefill-chunk {prefill_chunk}: give 0 (prefill every prompt whole) or fewer tokens "
             "than --max-len"
+        )
+    if prompt_lookup is not None and not 0 <= prompt_lookup < (max_len or 32):
+        raise UserError(
+            f"--prompt-lookup {prompt_lookup}: give 0 (guess nothing) or fewer tokens than --max-len"
         )
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: choose a port from 1 to 65535")
@@ -102,6 +114,7 @@ def serve_command(
             drain=drain,
             prefixes=prefix_cache,
             prefill_chunk=prefill_chunk,
+            lookup=serve.LOOKUP if prompt_lookup is None else prompt_lookup,
         )
     except NotImplementedError as error:
         raise UserError(str(error)) from None

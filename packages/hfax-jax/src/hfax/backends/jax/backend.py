@@ -61,9 +61,12 @@ class JaxBackend(Backend):
         chunk: int,
         prefixes: int = 0,
         piece: int = 0,
+        lookup: int = 0,
     ) -> Any:
         """The continuous-batching engine ``hfax serve`` drives (:mod:`hfax.backends.jax.slots`)."""
         from hfax.backends.jax.slots import SlotEngine
 
         model.check_can_generate()
-        return SlotEngine(model, slots, length, chunk, prefixes=prefixes, piece=piece)
+        return SlotEngine(
+            model, slots, length, chunk, prefixes=prefixes, piece=piece, lookup=lookup
+        )

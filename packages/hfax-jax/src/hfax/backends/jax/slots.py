@@ -187,6 +187,15 @@ class SlotStatic:
     rows: int = 0  # decode: how many leading rows it runs
     columns: int = 0  # decode: how many columns of them, from a traced start (0: all)
     held: int = 0  # a prefill reusing stored prefixes: the columns of each entry it reads
+    drafts: int = 0  # decode: tokens each step guesses per row by prompt lookup (:func:`_speculate`)
+    lookup: int = 0  # the engine's guesses a step: every decode's output holds a guessing chunk's tokens
+
+    @property
+    def capacity(self) -> int:
+        """The tokens a decode chunk can give a row: a guessing step's guesses and its own token per step,
+        for every decode of the engine (one shape of the state's output, so that no program compiles
+        twice for a state that a guessing decode or a plain one left)."""
+        return self.step.decoding.capacity * (self.lookup + 1)
 
 
 def slot_layout(model: Any, slots: int) -> decode_layout.DecodeLayout:
@@ -224,13 +233,18 @@ def start_program(
 ) -> dict[str, Any]:
     """Every row free, its buffers made by one forward of a filler token through a cache of the full
     length; each row's count of every token it generated (``counts``, ``[slots, vocab]``, for the
-    penalties of :func:`rows.adjust`) zero."""
+    penalties of :func:`rows.adjust`) zero, and its tokens by position (``history``, ``[slots, length]``,
+    what prompt lookup searches: :func:`lookup`) zero."""
     slots = valid.shape[0]
     ids = jnp.zeros((slots, 1), jnp.int32)
     layout = slot_layout(model, slots)
     window = Window(ids, ids, valid, jnp.zeros((1,), jnp.int32))
     logits, states, _ = Forward(model, static, layout, params).decoder(window, None)
-    table = {**table, "counts": jnp.zeros((slots, logits.shape[-1]), jnp.int32)}
+    table = {
+        **table,
+        "counts": jnp.zeros((slots, logits.shape[-1]), jnp.int32),
+        "history": jnp.zeros(valid.shape, jnp.int32),
+    }
     out = _output(slots, static.decoding.capacity)
     return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
 
@@ -243,6 +257,7 @@ def _output(slots: int, chunk: int) -> dict[str, Any]:
         "top_ids": jnp.zeros((slots, chunk, top), jnp.int32),
         "top_logprobs": jnp.zeros((slots, chunk, top), jnp.float32),
         "count": jnp.zeros((slots,), jnp.int32),
+        "moved": jnp.zeros((slots,), jnp.int32),
     }
 
 
@@ -514,7 +529,10 @@ def _started(
         "step": zero + 1,
         "finished": _is_eos(token, eos) | (settings["limit"] <= 1),
     }
-    table = {name: table[name].at[row].set(value, mode="drop") for name, value in per_row.items()}
+    table = {
+        **table,
+        **{name: table[name].at[row].set(value, mode="drop") for name, value in per_row.items()},
+    }
     return table, chosen
 
 
@@ -669,7 +687,7 @@ def _leading(
         "clock": state["clock"] - start,
     }
     head = _decode(model, params, head, steps, eos, allowed, static)
-    out = _output(slots, static.step.decoding.capacity)
+    out = _output(slots, static.capacity)
     states = [
         {name: put(name, v, head["states"][i][name]) for name, v in layer.items()}
         for i, layer in enumerate(state["states"])
@@ -710,6 +728,8 @@ def _decode(
     allowed: Any,
     static: SlotStatic,
 ) -> dict[str, Any]:
+    if static.drafts:
+        return _speculate(model, params, state, steps, eos, static)
     slots, length = state["valid"].shape
     chunk = static.step.decoding.capacity
 
@@ -744,18 +764,19 @@ def _decode(
         table = {
             **table,
             "counts": _counted(table["counts"], token, live),
+            "history": _recorded(table["history"], table["position"], table["last"][:, None], live[:, None]),
             "last": token,
             "position": table["position"] + live,
             "step": step,
             "finished": table["finished"] | done,
         }
-        out = {**written, "count": out["count"] + live}
+        out = {**out, **written, "count": out["count"] + live}
         new = {**state, "states": states, "valid": valid, "clock": clock + 1, "rows": table}
         # As in generate's loop: weights carried past a barrier are no loop invariants (DecodeLayout).
         carried = jax.lax.optimization_barrier(params) if static.layout.carries_weights else params
         return {**new, "out": out}, i + 1, carried
 
-    state = {**state, "out": _output(slots, chunk)}  # this chunk's tokens only
+    state = {**state, "out": _output(slots, static.capacity)}  # this chunk's tokens only
     state, _, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0), params))
     return state
 
@@ -765,6 +786,181 @@ def _at(live: Any, i: Any, shape: tuple[int, ...]) -> Any:
     column = jnp.arange(shape[1]) == i
     hit = live[:, None] & column[None]
     return hit.reshape(hit.shape + (1,) * (len(shape) - 2))
+
+
+def _recorded(history: Any, start: Any, tokens: Any, mask: Any) -> Any:
+    """``history`` (``[rows, length]``, each row's tokens by position) with each row's ``tokens``
+    (``[rows, n]``) written at positions ``start, start + 1, ...`` where ``mask``."""
+    at = start[:, None] + jnp.arange(tokens.shape[1])[None]
+    at = jnp.where(mask, at, history.shape[1])  # past the end: written nowhere
+    return history.at[jnp.arange(history.shape[0])[:, None], at].set(tokens, mode="drop")
+
+
+#: The longest run of a row's last tokens that prompt lookup looks for earlier in the row (then shorter
+#: runs, down to one token), as transformers' ``prompt_lookup_num_tokens`` looks for its ``max_matching_ngram_size``.
+LOOKUP_NGRAM = 3
+
+
+def lookup(history: Any, position: Any, drafts: int) -> Any:
+    """Each row's guess of the ``drafts`` tokens after position ``position`` (``[rows]``) by prompt lookup:
+    the tokens that followed the first earlier occurrence of its last :data:`LOOKUP_NGRAM` tokens (or
+    fewer, the longest run that occurred) in its ``history`` (``[rows, length]``, tokens by position, the
+    one at ``position`` included). A run found just before the end repeats what followed it (a row
+    repeating a phrase guesses the phrase again); a row whose last token never occurred before guesses it
+    repeated. Only the guess depends on this: every guessed token is checked by the model before it is
+    given (:func:`_speculate`)."""
+    count, length = history.shape
+    columns = jnp.arange(length)[None, :]
+    after = jnp.zeros((count,), jnp.int32)  # where the continuation of the run found starts
+    found = jnp.zeros((count,), bool)
+    for n in range(1, LOOKUP_NGRAM + 1):  # a longer run found replaces a shorter one
+        match = (columns <= position[:, None] - n) & (position[:, None] >= n - 1)
+        for j in range(n):
+            token = jnp.take_along_axis(
+                history, jnp.clip(position - n + 1 + j, 0, length - 1)[:, None], axis=1
+            )
+            later = jnp.pad(history[:, j:], ((0, 0), (0, j)), constant_values=-1)
+            match &= later == token
+        hit = match.any(axis=1)
+        after = jnp.where(hit, jnp.argmax(match, axis=1).astype(jnp.int32) + n, after)
+        found |= hit
+    # Past the end of the history the continuation is the guess itself: period ``position + 1 - after``.
+    period = jnp.maximum(position + 1 - after, 1)
+    at = after[:, None] + jnp.arange(drafts)[None, :] % period[:, None]
+    guess = jnp.take_along_axis(history, jnp.clip(at, 0, length - 1), axis=1)
+    last = jnp.take_along_axis(history, jnp.clip(position, 0, length - 1)[:, None], axis=1)
+    return jnp.where(found[:, None], guess, last)
+
+
+def _greedy(logits: Any, table: dict[str, Any], live: Any) -> dict[str, Any]:
+    """:func:`rows.choose`'s greedy choice at every position of ``logits`` (``[rows, n, vocab]``), with
+    log-probabilities only when a ``live`` row asks for them."""
+    count, n, vocab = logits.shape
+    flat = logits.reshape(count * n, vocab)
+    step = jnp.zeros((count * n,), jnp.int32)
+    branches = [
+        lambda flat, work=work: _on_torch(lambda x, s: rows.choose(x, {}, s, work), flat, step)
+        for work in rows.WORKS[:2]  # greedy, without and with log-probabilities
+    ]
+    asked = (table["logprobs"] & live).any().astype(jnp.int32)
+    chosen = jax.lax.switch(asked, branches, flat)
+    return jax.tree.map(lambda x: x.reshape(count, n, *x.shape[1:]), chosen)
+
+
+def _speculate(
+    model: Any, params: Any, state: dict[str, Any], steps: Any, eos: Any, static: SlotStatic
+) -> dict[str, Any]:
+    """:func:`_decode`'s chunk with prompt lookup: each step feeds every row its last token and
+    ``static.drafts`` guessed tokens (:func:`lookup`) at the next positions, in one forward over
+    ``drafts + 1`` columns from the clock, and gives a row every guess its model agrees with (each is the
+    greedy token after those before it) and the model's own token after them: 1 to ``drafts + 1``
+    tokens per step for the cost of one forward, which on a device bound by reading the weights (a few
+    rows) costs about what one token's does.
+
+    Why the tokens are those of plain decoding: a guess is kept only if it equals the token the row
+    chooses there, and the keys and values written for it were computed from the row's own earlier
+    tokens (causal attention), so the cache after the step is the one plain steps write, up to
+    rounding. Only greedy rows without a penalty or a bias keep guesses; every other row takes its one
+    token chosen as :func:`_decode` chooses it (its sampling, penalties and seed unchanged), and an EOS
+    token or the row's limit cuts the tokens given. Every row writes ``drafts + 1`` columns and the
+    clock moves that far; a row that kept ``a`` guesses then has ``drafts - a`` columns it does not
+    want at the end, hidden, and its columns are rolled right by that many (``moved``, reported per row
+    so that the host follows its columns), so that its tokens again end at the clock in consecutive
+    columns, as plain decoding leaves them (sliding windows and chunks counted in columns see what they
+    see there)."""
+    slots, length = state["valid"].shape
+    chunk, drafts = static.step.decoding.capacity, static.drafts
+    width = drafts + 1
+    offsets = jnp.arange(width)
+    axes = _slot_axes(model, static.step)
+    rolls = jax.vmap(lambda x, d, axis: jnp.roll(x, d, axis=axis - 1), in_axes=(0, 0, None))
+
+    def running(carry: tuple[Any, Any, Any]) -> Any:
+        state, i, _ = carry
+        busy = jnp.any(~state["rows"]["finished"])
+        return (i < jnp.minimum(steps, chunk)) & busy & (state["clock"] + width <= length)
+
+    def advance(carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        state, i, params = carry
+        table, clock = state["rows"], state["clock"]
+        live = ~table["finished"]
+        position = table["position"]
+        history = _recorded(table["history"], position, table["last"][:, None], live[:, None])
+        guessed = lookup(history, position, drafts)
+        ids = jnp.concatenate([table["last"][:, None], guessed], axis=1)
+        valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, width), bool), (0, clock))
+        window = Window(ids, position[:, None] + offsets[None], valid, clock + offsets, clock)
+        forward = Forward(model, static.step, static.layout, params)
+        logits, states, _ = forward.decoder(
+            window, state["states"], masked=static.step.attends, every=True
+        )
+        first = _choose(logits[:, 0], table, table["step"], live, None)
+        later = _greedy(logits[:, 1:], table, live)
+        chosen = {
+            name: jnp.concatenate([first[name][:, None], later[name]], axis=1) for name in first
+        }
+        token = chosen["token"]
+        plain = ~table["sample"] & ~(
+            (table["presence"] != 0) | (table["frequency"] != 0) | (table["bias"] != 0).any(-1)
+        )
+        agreed = jnp.cumprod(guessed == token[:, :-1], axis=1).sum(axis=1)
+        kept = jnp.where(plain, agreed, 0) + 1
+        ends = _is_eos(token.reshape(-1), eos).reshape(token.shape)
+        kept = jnp.minimum(kept, jnp.where(ends.any(1), jnp.argmax(ends, axis=1) + 1, width))
+        given = jnp.where(live, jnp.minimum(kept, table["limit"] - table["step"]), 0)
+        mask = offsets[None] < given[:, None]
+        out = state["out"]
+        at = jnp.where(mask, out["count"][:, None] + offsets[None], out["tokens"].shape[1])
+        lines = jnp.arange(slots)[:, None]
+        written = {
+            name: out[name].at[lines, at].set(chosen[key], mode="drop")
+            for name, key in (
+                ("tokens", "token"),
+                ("logprobs", "logprob"),
+                ("top_ids", "top_ids"),
+                ("top_logprobs", "top_logprobs"),
+            )
+        }
+        last = jnp.take_along_axis(token, jnp.maximum(given - 1, 0)[:, None], axis=1)[:, 0]
+        step = table["step"] + given
+        done = live & ((ends & mask).any(1) | (step >= table["limit"]))
+        counts = table["counts"].at[lines, token].add(mask.astype(table["counts"].dtype))
+        table = {
+            **table,
+            "counts": counts,
+            "history": _recorded(history, position + 1, token, mask),
+            "last": jnp.where(live, last, table["last"]),
+            "position": position + given,
+            "step": step,
+            "finished": table["finished"] | done,
+        }
+        # Each live row's unwanted columns hidden, then its columns rolled right by their count.
+        moved = jnp.where(live, width - given, 0)
+        wanted = (offsets[None] < given[:, None]) | ~live[:, None]
+        valid = jax.lax.dynamic_update_slice(valid, wanted, (0, clock))
+        valid = rolls(valid, moved, 1) & (jnp.arange(length)[None] >= moved[:, None])
+        states = [
+            {name: rolls(value, moved, axes[name]) for name, value in layer.items()}
+            for layer in states
+        ]
+        out = {**written, "count": out["count"] + given, "moved": out["moved"] + moved}
+        new = {**state, "states": states, "valid": valid, "clock": clock + width, "rows": table}
+        carried = jax.lax.optimization_barrier(params) if static.layout.carries_weights else params
+        return {**new, "out": out}, i + 1, carried
+
+    state = {**state, "out": _output(slots, static.capacity)}
+    state, _, _ = jax.lax.while_loop(running, advance, (state, jnp.int32(0), params))
+    return state
+
+
+def history_program(
+    model: Any, state: dict[str, Any], row: Any, ids: Any, static: Static
+) -> dict[str, Any]:
+    """Rows ``row`` (``[slots]``; ``slots`` or more: padding, written nowhere) given their prompts' tokens
+    by position, ``ids`` (``[slots, length]``): what prompt lookup searches (:func:`lookup`)."""
+    table = state["rows"]
+    history = table["history"].at[row].set(ids, mode="drop")
+    return {**state, "rows": {**table, "history": history}}
 
 
 def shift_program(model: Any, state: dict[str, Any], delta: Any, static: Static) -> dict[str, Any]:
@@ -823,6 +1019,7 @@ class SlotEngine:
         prefix_length: int | None = None,
         piece: int = 0,
         window: int | None = None,
+        lookup: int = 0,
     ) -> None:
         check_servable(model, length)
         window = short_window(length) if window is None else window
@@ -843,14 +1040,26 @@ class SlotEngine:
             )
         if prefixes < 0:
             raise ValueError(f"the prefix store takes 0 or more entries, not {prefixes}")
+        if not 0 <= lookup < length:
+            raise ValueError(
+                f"prompt lookup guesses 0 or more tokens a step, fewer than a row's {length} columns, "
+                f"not {lookup} (0: no guesses)"
+            )
         self.model, self.slots, self.length, self.chunk = model, slots, length, chunk
+        self.lookup = lookup
         eos = model.generation_config.eos_token_id
         self.eos = self._replicate(processors.padded_ids([] if eos is None else eos))
         self._decode_static = _static(model, 0, chunk)
         self._layout = slot_layout(model, slots)
         valid, table = self._replicate((np.zeros((slots, length), bool), _row_arrays(slots)))
         program = model.program("serve_start", start_program)
-        self.state = program(model.params, valid, table, static=self._decode_static)
+        # Its output holds a guessing chunk's tokens, as every decode's does (SlotStatic.capacity).
+        decoding = self._decode_static.decoding
+        static = dataclasses.replace(
+            self._decode_static,
+            decoding=dataclasses.replace(decoding, capacity=decoding.capacity * (lookup + 1)),
+        )
+        self.state = program(model.params, valid, table, static=static)
         self.clock = 0  # the host's copy of the device's clock
         self.vocab = int(self.state["rows"]["counts"].shape[1])
         refusal = split_refusal(model) if prefixes or piece else ""  # one rule for both
@@ -957,6 +1166,7 @@ class SlotEngine:
             columns = (self.clock - len(request.ids) + np.arange(len(request.ids))).astype(np.int32)
             self._prompts[request.row] = (list(request.ids), columns)
             self._decoding.add(request.row)
+        self._history([(request.row, request.ids) for request in requests])
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [{name: value[i] for name, value in host.items()} for i in range(len(requests))]
 
@@ -1004,11 +1214,24 @@ class SlotEngine:
             self._prompts[piece.admission.row] = (prompt, columns)
             if piece.end == len(piece.admission.ids):  # the row decodes from now on
                 self._decoding.add(piece.admission.row)
+        self._history([(p.admission.row, p.admission.ids) for p, ends in zip(pieces, last) if ends])
         host = {name: np.asarray(value) for name, value in chosen.items()}
         return [
             {name: value[i] for name, value in host.items()} if last[i] else None
             for i in range(len(pieces))
         ]
+
+    def _history(self, prompts: list[tuple[int, list[int]]]) -> None:
+        """Give rows their prompts' tokens by position (:func:`history_program`, one program), what
+        prompt lookup searches; nothing without it."""
+        if not self.lookup or not prompts:
+            return
+        row = np.full((self.slots,), self.slots, np.int32)
+        ids = np.zeros((self.slots, self.length), np.int32)
+        for i, (at, prompt) in enumerate(prompts):
+            row[i], ids[i, : len(prompt)] = at, prompt
+        program = self.model.program("serve_history", history_program, donate=("state",))
+        self.state = program(self.state, *self._replicate((row, ids)), static=self._decode_static)
 
     def _check_pieces(self, pieces: Sequence[Piece]) -> None:
         """Refuse what :meth:`prefill` cannot do, before anything runs."""
@@ -1168,13 +1391,17 @@ class SlotEngine:
             np.asarray(chosen)[real], np.asarray(top_ids)[real], np.asarray(top_logprobs)[real]
         )
 
-    def decode(self, steps: int, rows: int, allowed: np.ndarray | None = None) -> None:
+    def decode(
+        self, steps: int, rows: int, allowed: np.ndarray | None = None, guess: bool = False
+    ) -> None:
         """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
         waits for it). One program per power of two of rows. With ``allowed`` (``[slots, ceil(vocab /
-        32)]``, :func:`rows.allow`'s bitmask), one step (``steps`` must be 1) of :func:`step_program`."""
+        32)]``, :func:`rows.allow`'s bitmask), one step (``steps`` must be 1) of :func:`step_program`.
+        With ``guess``, ``steps`` steps of prompt lookup (:func:`_speculate`, :attr:`lookup` guesses a
+        step): up to ``steps * (lookup + 1)`` tokens a row, writing that many columns."""
         multiple = mesh.batch_multiple(self.model.mesh)
         rows = min(self.slots, -(-bucket(max(rows, 1), 1) // multiple) * multiple)
-        static = SlotStatic(self._decode_static, self._layout, rows)
+        static = SlotStatic(self._decode_static, self._layout, rows, lookup=self.lookup)
         if allowed is not None:
             if steps != 1:
                 raise ValueError(f"a decode with allowed tokens runs one step, not {steps}")
@@ -1182,8 +1409,13 @@ class SlotEngine:
             bits = self._replicate(np.asarray(allowed, np.int32))
             self.state = program(self.model.params, self.state, self.eos, bits, static=static)
             return
-        start, columns = self._window(steps, rows)
-        static = dataclasses.replace(static, columns=0 if columns == self.length else columns)
+        if guess and not self.lookup:
+            raise ValueError("this engine guesses no tokens (it was made with lookup=0)")
+        drafts = self.lookup if guess else 0
+        start, columns = self._window(steps * (drafts + 1), rows)
+        static = dataclasses.replace(
+            static, columns=0 if columns == self.length else columns, drafts=drafts
+        )
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit, start = self._replicate((np.int32(steps), np.int32(start)))
         self.state = program(self.model.params, self.state, limit, self.eos, start, static=static)
@@ -1207,6 +1439,10 @@ class SlotEngine:
         self.clock, self._unread = int(self.state["clock"]), False
         done = np.asarray(finished)
         self._decoding = {row for row in self._decoding if not done[row]}
+        moved = np.asarray(out["moved"])
+        self._prompts = {
+            row: (ids, where + moved[row]) for row, (ids, where) in self._prompts.items()
+        }
         return Chunk(
             **{name: np.asarray(value) for name, value in out.items()},
             finished=np.asarray(finished),
