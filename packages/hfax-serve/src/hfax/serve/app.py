@@ -437,11 +437,16 @@ def metrics(server: Server) -> str:
         ),
         ("hfax_prompt_tokens_total", "counter", "Prompt tokens prefilled.", counters.prompt_tokens),
         ("hfax_generation_tokens_total", "counter", "Tokens generated.", counters.generated_tokens),
-        ("hfax_decode_steps_total", "counter", "Decode steps run.", counters.decode_steps),
+        (
+            "hfax_decode_steps_total",
+            "counter",
+            "Decode steps run (a guessing chunk counts the most tokens a row got in it).",
+            counters.decode_steps,
+        ),
         (
             "hfax_busy_row_steps_total",
             "counter",
-            "Decode steps times busy rows.",
+            "Decode steps times busy rows (a guessing chunk counts its rows' tokens).",
             counters.busy_row_steps,
         ),
         ("hfax_cache_shifts_total", "counter", "Times every row's cache moved.", counters.shifts),

@@ -31,6 +31,14 @@ tokens after its stored prefix fill more than a piece goes in pieces from its fi
 nothing), and what it keeps is planned at, and copied after, its last piece. Cancelled between pieces,
 its row is freed like any other.
 
+Prompt lookup: with an engine that guesses (``lookup`` above 0), a chunk over at most
+:data:`LOOKUP_ROWS` leading rows, all greedy without penalties, a bias or a grammar and none prefilling,
+guesses tokens (:meth:`_guesses`); it writes ``lookup + 1`` columns a step, so the rows move left first
+when it would run past the end, and each row's columns move right by what the chunk reports
+(``Chunk.moved``): its span with them, as wide as before. A row so moved may need columns past the end
+for its ``max_new``; a plain chunk then moves every row left first (:meth:`_room`), and a new request
+joins once a move makes room beside it.
+
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
 (all of them for rows without a grammar, which so get the tokens they get alone, one per step), its

@@ -92,6 +92,23 @@ needed. packages/hfax-jax/tests/test_slots.py
 (``test_a_long_prompt_prefilled_in_pieces_beside_a_decoding_row_gets_its_generate_tokens``) and
 tests/test_serve.py (``test_a_long_prompt_prefilled_in_pieces_answers_as_transformers``) check it.
 
+Prompt lookup. An engine made with ``lookup`` above 0 also decodes in guessing chunks
+(``decode(..., guess=True)``, :func:`_speculate`): each step feeds every row its last token and
+``lookup`` guesses (:func:`lookup`: what followed the first earlier occurrence of its last few tokens in
+``history``, each row's tokens by position, which admissions write and every decode step extends) at
+the next positions, in one forward over ``lookup + 1`` columns from the clock; a greedy row without a
+penalty or a bias keeps the guesses its choice agrees with and its own token after them, every other
+row its one token, chosen as a plain step chooses it. The clock moves ``lookup + 1`` columns a step;
+a row that kept fewer guesses hides the columns of the others and rolls right by their number (the
+chunk's ``moved``, which the host adds to its record of the row's columns), so its tokens end at the
+clock in consecutive columns, as plain steps leave them: sliding windows and chunks counted in columns
+see what they see there. Every decode's output holds a guessing chunk's tokens, so one state shape
+serves both kinds and nothing compiles twice. Programs: a guessing decode per power of two of rows and
+window, and one that writes admitted prompts into ``history``.
+packages/hfax-jax/tests/test_slots.py
+(``test_decodes_guessing_by_prompt_lookup_get_their_generate_tokens``, Llama and Gemma 3 with a window
+of 4) and tests/test_serve.py check it.
+
 A row with a grammar (OpenAI's ``response_format``) needs the tokens it may choose next, which the host
 knows only once the token before it is back. While such a row is busy the scheduler asks for one step at
 a time with ``allowed``, a packed bitmask ``[slots, ceil(vocab / 32)]`` that is an input of programs of
