@@ -125,7 +125,9 @@ class SlotEngine(Protocol):
     prefix_refusal: str  # why the model gets no prefix store ("" if it may have one)
     piece: int  # prompt tokens a piece holds at most (0: every prompt prefilled whole)
     piece_refusal: str  # why the model's prompts are prefilled whole ("" if they may go in pieces)
-    lookup: int  # tokens a guessing decode step guesses per row by prompt lookup (0: it never guesses)
+    lookup: (
+        int  # tokens a guessing decode step guesses per row by prompt lookup (0: it never guesses)
+    )
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""

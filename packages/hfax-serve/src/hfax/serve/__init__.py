@@ -93,7 +93,13 @@ def engine(
     from hfax.serve.scheduler import LOOKUP_ROWS
 
     slot_engine = backend.serving_engine(
-        model, slots=slots, length=length, chunk=chunk, prefixes=prefixes, piece=piece, lookup=lookup
+        model,
+        slots=slots,
+        length=length,
+        chunk=chunk,
+        prefixes=prefixes,
+        piece=piece,
+        lookup=lookup,
     )
     guessing = LOOKUP_ROWS if slot_engine.lookup else 0
     slot_engine.restart(slot_engine.bucket(1))

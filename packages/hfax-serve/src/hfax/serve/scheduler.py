@@ -548,11 +548,7 @@ class Scheduler:
         engine = self.engine
         width = engine.lookup + 1
         busy = [s for s in self._rows if s is not None]
-        if (
-            not engine.lookup
-            or rows > self.lookup_rows
-            or not all(_keeps_guesses(s) for s in busy)
-        ):
+        if not engine.lookup or rows > self.lookup_rows or not all(_keeps_guesses(s) for s in busy):
             self._room(engine.chunk)
             return False
         if engine.clock + engine.chunk * width > engine.length and self._spans:

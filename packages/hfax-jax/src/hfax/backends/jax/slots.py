@@ -204,8 +204,12 @@ class SlotStatic:
     rows: int = 0  # decode: how many leading rows it runs
     columns: int = 0  # decode: how many columns of them, from a traced start (0: all)
     held: int = 0  # a prefill reusing stored prefixes: the columns of each entry it reads
-    drafts: int = 0  # decode: tokens each step guesses per row by prompt lookup (:func:`_speculate`)
-    lookup: int = 0  # the engine's guesses a step: every decode's output holds a guessing chunk's tokens
+    drafts: int = (
+        0  # decode: tokens each step guesses per row by prompt lookup (:func:`_speculate`)
+    )
+    lookup: int = (
+        0  # the engine's guesses a step: every decode's output holds a guessing chunk's tokens
+    )
 
     @property
     def capacity(self) -> int:
@@ -781,7 +785,9 @@ def _decode(
         table = {
             **table,
             "counts": _counted(table["counts"], token, live),
-            "history": _recorded(table["history"], table["position"], table["last"][:, None], live[:, None]),
+            "history": _recorded(
+                table["history"], table["position"], table["last"][:, None], live[:, None]
+            ),
             "last": token,
             "position": table["position"] + live,
             "step": step,
@@ -905,7 +911,9 @@ def _speculate(
         history = _recorded(table["history"], position, table["last"][:, None], live[:, None])
         guessed = lookup(history, position, drafts)
         ids = jnp.concatenate([table["last"][:, None], guessed], axis=1)
-        valid = jax.lax.dynamic_update_slice(state["valid"], jnp.ones((slots, width), bool), (0, clock))
+        valid = jax.lax.dynamic_update_slice(
+            state["valid"], jnp.ones((slots, width), bool), (0, clock)
+        )
         window = Window(ids, position[:, None] + offsets[None], valid, clock + offsets, clock)
         forward = Forward(model, static.step, static.layout, params)
         logits, states, _ = forward.decoder(
