@@ -978,6 +978,8 @@ def test_cli_refuses_bad_options_in_one_line():
         (["--prefix-cache", "-1"], "--prefix-cache"),
         (["--prefill-chunk", "-1"], "--prefill-chunk"),
         (["--prefill-chunk", "64", "--max-len", "64"], "--prefill-chunk"),
+        (["--prompt-lookup", "-1"], "--prompt-lookup"),
+        (["--prompt-lookup", "17"], "--prompt-lookup"),
     ]:
         run = subprocess.run(
             [sys.executable, "-c", "from hfax.cli import main; main()", "serve", *args],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -468,3 +469,83 @@ def test_a_prompt_in_pieces_reuses_no_prefix_and_is_kept_after_its_last_piece():
         ("prefill", [(0, 44, 60)]), ("keep", [(0, 1, 48)]),
     ]  # fmt: skip
     assert scheduler.counters.reused_tokens == 32 and scheduler.counters.prefill_pieces == 7
+
+
+class GuessingEngine(ColumnsEngine):
+    """:class:`ColumnsEngine` with prompt lookup: a guessing chunk writes ``lookup + 1`` columns a step
+    (as many steps as fit before the end), gives each of its rows two tokens a step, and reports each
+    busy row rolled right by the columns of the guesses it did not keep; every decode's ``guess`` is
+    recorded."""
+
+    lookup = 3
+
+    def __init__(self, slots: int, length: int, chunk: int) -> None:
+        super().__init__(slots, length, chunk)
+        self.guesses: list[bool] = []
+        self.moved = np.zeros((slots,), int)
+
+    def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
+        self.guesses.append(guess)
+        self.moved = np.zeros((self.slots,), int)
+        if not guess:
+            return super().decode(steps, rows, allowed)
+        width = self.lookup + 1
+        busy = np.arange(self.slots) < rows
+        run = min(
+            steps, -(-int(self.left[busy].max(initial=0)) // 2), (self.length - self.clock) // width
+        )
+        assert run > 0, "a guessing chunk with no step that fits"
+        self.count = np.where(busy, np.minimum(self.left, 2 * run), 0)
+        self.moved = np.where(busy & (self.left > 0), run * width - self.count, 0)
+        self.left -= self.count
+        self.clock += run * width
+        self.rows_run.append(rows)
+
+    def read(self) -> Chunk:
+        chunk = super().read()
+        shape, top = (self.slots, self.chunk * 4), (self.slots, self.chunk * 4, 5)
+        return dataclasses.replace(
+            chunk,
+            tokens=np.full(shape, 7),
+            logprobs=np.zeros(shape),
+            top_ids=np.zeros(top, int),
+            top_logprobs=np.zeros(top),
+            moved=self.moved,
+        )
+
+
+def test_guessing_chunks_move_rows_left_when_their_columns_run_out():
+    """A greedy request alone guesses every chunk: each writes 16 columns for 8 tokens, its row rolls
+    right, and once a chunk would run past the end every row moves left as far as its first column
+    allows; all 40 tokens arrive. A sampled request, or more busy rows than ``lookup_rows``, decode
+    plainly."""
+    engine = GuessingEngine(slots=8, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    try:
+        assert _ask(scheduler, 40) == [7] * 40
+        assert set(engine.guesses) == {True} and engine.shifts == [-16, -16]
+        engine.guesses.clear()
+        done = threading.Event()
+        scheduler.submit(
+            [Sequence([1, 2], 20, Sampling(temperature=0.7), lambda e: e.finish and done.set())]
+        )
+        assert done.wait(10) and set(engine.guesses) == {False}
+        engine.guesses.clear()
+        finished: list[str] = []
+        scheduler.submit(
+            [
+                Sequence(
+                    [1, 2],
+                    12,
+                    Sampling(temperature=0.0),
+                    lambda e: e.finish and finished.append(e.finish),
+                )
+                for _ in range(scheduler.lookup_rows + 1)
+            ]
+        )
+        deadline = time.monotonic() + 10
+        while len(finished) < scheduler.lookup_rows + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.guesses[0] is False and len(finished) == scheduler.lookup_rows + 1
+    finally:
+        scheduler.close()

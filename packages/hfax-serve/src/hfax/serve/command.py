@@ -17,6 +17,10 @@ from hfax.cli import (
     user_errors,
 )
 
+#: The most tokens ``--prompt-lookup`` may guess a step: every guess costs a token's share of each
+#: guessing step's forward, and a run of guesses is kept only up to the first the model rejects.
+MOST_GUESSES = 16
+
 
 def register(cli: typer.Typer) -> None:
     """Add ``hfax serve`` to ``cli``."""
@@ -83,9 +87,9 @@ def serve_command(
             f"--prefill-chunk {prefill_chunk}: give 0 (prefill every prompt whole) or fewer tokens "
             "than --max-len"
         )
-    if prompt_lookup is not None and not 0 <= prompt_lookup < (max_len or 32):
+    if prompt_lookup is not None and not 0 <= prompt_lookup <= MOST_GUESSES:
         raise UserError(
-            f"--prompt-lookup {prompt_lookup}: give 0 (guess nothing) or fewer tokens than --max-len"
+            f"--prompt-lookup {prompt_lookup}: give 0 (guess nothing) to {MOST_GUESSES} tokens a step"
         )
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: choose a port from 1 to 65535")

@@ -314,9 +314,7 @@ class Scheduler:
             self.engine.restart(size)
         delta = self._delta(size, most)
         if delta:
-            self.engine.shift(delta)
-            self.counters.shifts += 1
-            self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
+            self._move_all(delta)
         clock = self.engine.clock
         admitted = []
         for row, sequence in zip(free, taken):
@@ -541,10 +539,9 @@ class Scheduler:
         ``lookup_rows`` (a step's forward over ``lookup + 1`` tokens a row costs about one token's while
         rows are few, and more than it gives when they are many), and every busy row keeps the guesses
         its model agrees with (:func:`_keeps_guesses`: a row that cannot would pay for guesses it never
-        takes). A
-        guessing chunk writes ``lookup + 1`` columns a step, so the rows move left first when the chunk
-        would run past the end (as far as their first columns allow); when not one step fits after
-        that, the chunk decodes plainly."""
+        takes). A guessing chunk writes ``lookup + 1`` columns a step, so the rows move left first when
+        the chunk would run past the end (as far as their first columns allow); when not one step fits
+        after that, the chunk decodes plainly."""
         engine = self.engine
         width = engine.lookup + 1
         busy = [s for s in self._rows if s is not None]
@@ -578,6 +575,7 @@ class Scheduler:
             self._move_all(delta)
 
     def _move_all(self, delta: int) -> None:
+        """Move every row's columns, the clock and the host's record of their spans by ``delta``."""
         self.engine.shift(delta)
         self.counters.shifts += 1
         self._spans = {r: (a + delta, b + delta) for r, (a, b) in self._spans.items()}
