@@ -76,10 +76,15 @@ class Sampling:
         }
 
 
+def adjusted(rows: dict[str, Any]) -> Any:
+    """Which rows have a penalty or a bias for :func:`adjust` to apply (a ``[rows]`` bool tensor)."""
+    penalized = (rows["presence"] != 0) | (rows["frequency"] != 0)
+    return penalized | (rows["bias"] != 0).any(-1)
+
+
 def adjusts(rows: dict[str, Any], busy: Any) -> Any:
     """Whether a ``busy`` row has a penalty or a bias for :func:`adjust` to apply (a 0-d bool tensor)."""
-    penalized = (rows["presence"] != 0) | (rows["frequency"] != 0)
-    return ((penalized | (rows["bias"] != 0).any(-1)) & busy).any()
+    return (adjusted(rows) & busy).any()
 
 
 def adjust(logits: Any, rows: dict[str, Any]) -> Any:

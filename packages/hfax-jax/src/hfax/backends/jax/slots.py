@@ -204,12 +204,11 @@ class SlotStatic:
     rows: int = 0  # decode: how many leading rows it runs
     columns: int = 0  # decode: how many columns of them, from a traced start (0: all)
     held: int = 0  # a prefill reusing stored prefixes: the columns of each entry it reads
-    drafts: int = (
-        0  # decode: tokens each step guesses per row by prompt lookup (:func:`_speculate`)
-    )
-    lookup: int = (
-        0  # the engine's guesses a step: every decode's output holds a guessing chunk's tokens
-    )
+    # decode: tokens each step guesses per row by prompt lookup (:func:`_speculate`)
+    drafts: int = 0
+    # the engine's guesses a step: every decode's output holds a guessing chunk's tokens, and every
+    # decode step extends each row's ``history`` (0: no decode touches it)
+    lookup: int = 0
 
     @property
     def capacity(self) -> int:
@@ -782,12 +781,16 @@ def _decode(
         }
         step = table["step"] + live
         done = live & (_is_eos(token, eos) | (step >= table["limit"]))
+        if static.lookup:  # what guessing chunks after this one search
+            table = {
+                **table,
+                "history": _recorded(
+                    table["history"], table["position"], table["last"][:, None], live[:, None]
+                ),
+            }
         table = {
             **table,
             "counts": _counted(table["counts"], token, live),
-            "history": _recorded(
-                table["history"], table["position"], table["last"][:, None], live[:, None]
-            ),
             "last": token,
             "position": table["position"] + live,
             "step": step,
@@ -925,9 +928,7 @@ def _speculate(
             name: jnp.concatenate([first[name][:, None], later[name]], axis=1) for name in first
         }
         token = chosen["token"]
-        plain = ~table["sample"] & ~(
-            (table["presence"] != 0) | (table["frequency"] != 0) | (table["bias"] != 0).any(-1)
-        )
+        plain = ~table["sample"] & ~_on_torch(rows.adjusted, table)
         agreed = jnp.cumprod(guessed == token[:, :-1], axis=1).sum(axis=1)
         kept = jnp.where(plain, agreed, 0) + 1
         ends = _is_eos(token.reshape(-1), eos).reshape(token.shape)
