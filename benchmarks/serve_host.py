@@ -18,6 +18,7 @@ figure is a floor for the server alone. The load average is printed beside each 
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import http.client
 import json
@@ -43,9 +44,10 @@ class StandInEngine:
     """A :class:`hfax.generation.slots.SlotEngine` whose steps cost nothing: every busy row gets
     ``steps`` new tokens per :meth:`decode` (fewer at its limit), counting up through the vocabulary's
     words; the clock moves as a real engine's does, so the scheduler places, shifts and packs rows as it
-    would on a device. Never EOS: a request ends at its ``max_tokens``. ``step_s`` makes :meth:`read` wait
-    that long per step, without the GIL, as a device's step would (0: the host alone bounds the rate, and
-    the scheduler's thread competes with the HTTP layer's for the interpreter all the time)."""
+    would on a device. Never EOS: a request ends at its ``max_tokens``. ``step_s`` is a step's time on a
+    device that runs the chunks one after another from when they are decoded, as JAX dispatches them:
+    :meth:`read` waits, without the GIL, until its chunk would be done (0: the host alone bounds the rate,
+    and the scheduler's thread competes with the HTTP layer's for the interpreter all the time)."""
 
     prefixes = 0  # no prefix store: every prompt is prefilled (for nothing) whole
     lookup = 0  # no guessed tokens: a step gives a row one token
@@ -55,7 +57,16 @@ class StandInEngine:
         self.slots, self.length, self.chunk, self.clock, self.vocab = slots, length, chunk, 0, VOCAB
         self.left = np.zeros((slots,), np.int64)  # new tokens each row may still make
         self.next = np.zeros((slots,), np.int64)
-        self.steps, self.rows = 0, 0
+        self.chunks: collections.deque[tuple[Any, int, float]] = collections.deque()  # unread
+        self.free_at = 0.0  # when the stand-in device finishes the chunks decoded so far
+
+    @property
+    def unread(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def ahead(self) -> int:
+        return sum(columns for _, columns, _ in self.chunks)
 
     def bucket(self, length: int) -> int:
         return max(16, 1 << (length - 1).bit_length())
@@ -84,23 +95,17 @@ class StandInEngine:
         )
 
     def decode(self, steps: int, rows: int, allowed: Any = None, guess: bool = False) -> None:
-        self.steps, self.rows = steps, rows
-
-    def read(self) -> Any:
         from hfax.generation.rows import TOP_LOGPROBS
         from hfax.generation.slots import Chunk
 
-        steps, slots = self.steps, self.slots
-        if self.step_s:
-            time.sleep(self.step_s * steps)
+        slots = self.slots
         count = np.zeros((slots,), np.int32)
-        count[: self.rows] = np.minimum(self.left[: self.rows], steps)
+        count[:rows] = np.minimum(self.left[:rows], steps)
         tokens = np.zeros((slots, steps), np.int32)
         for row in np.flatnonzero(count):
             tokens[row, : count[row]] = [self._token(row) for _ in range(count[row])]
         self.left -= count
-        self.clock += int(count.max(initial=0))
-        return Chunk(
+        chunk = Chunk(
             tokens=tokens,
             logprobs=np.zeros((slots, steps), np.float32),
             top_ids=np.zeros((slots, steps, TOP_LOGPROBS), np.int32),
@@ -108,6 +113,16 @@ class StandInEngine:
             count=count,
             finished=self.left <= 0,
         )
+        self.free_at = max(time.perf_counter(), self.free_at) + self.step_s * steps
+        self.chunks.append((chunk, int(count.max(initial=0)), self.free_at))
+
+    def read(self) -> Any:
+        chunk, columns, done = self.chunks.popleft()
+        wait = done - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.clock += columns
+        return chunk
 
     def release(self, free: np.ndarray) -> None:
         self.left[free] = 0

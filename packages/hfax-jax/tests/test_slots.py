@@ -460,3 +460,41 @@ def test_decodes_guessing_by_prompt_lookup_get_their_generate_tokens(tiny, name)
     assert most > engine.chunk and moved[:2].sum() > 0  # guesses were kept, and some cut
     with pytest.raises(ValueError, match="lookup=0"):
         SlotEngine(model, slots=4, length=96, chunk=4).decode(4, 1, guess=True)
+
+
+@pytest.mark.parametrize("guess", [False, True], ids=["plain", "guessing"])
+def test_chunks_decoded_before_the_last_is_read_get_their_generate_tokens(tiny, guess):
+    # Every chunk started before the one before it is read (hfax serve's scheduler does so while its
+    # rows only decode): the reads return the chunks in order and the rows get generate's tokens, a
+    # sampled row its draws. The decode window counts the columns the unread chunk may write (a short
+    # window of 32 columns, then whole rows once they may pass it). What places columns by the clock
+    # waits for every read.
+    _, _, model = tiny("llama")
+    prompts = [[1, 5, 9, 30, 5, 9, 30, 5, 9], PROMPTS[0]]
+    greedy = _generated(model, prompts[0], do_sample=False)
+    sampled = _generated(model, prompts[1], do_sample=True, top_k=0, **SAMPLED)
+    engine = SlotEngine(model, slots=2, length=96, chunk=2, window=32, lookup=3)
+    engine.restart(16)
+    samplings = [Sampling(0.0), Sampling(**SAMPLED)]
+    admitted = [Admission(row, p, s, NEW) for row, (p, s) in enumerate(zip(prompts, samplings))]
+    tokens = {a.row: [int(c["token"])] for a, c in zip(admitted, engine.admit(admitted))}
+    width = engine.chunk * (engine.lookup + 1 if guess else 1)
+    engine.decode(engine.chunk, 2, guess=guess)
+    reads = 0
+    while True:
+        engine.decode(engine.chunk, 2, guess=guess)  # before the last one is read
+        assert engine.unread == 2 and engine.ahead == 2 * width
+        with pytest.raises(ValueError, match="read the 2 decoded chunk"):
+            engine.shift(-1)
+        chunk = engine.read()
+        reads += 1
+        for row in tokens:
+            tokens[row] += chunk.tokens[row, : chunk.count[row]].tolist()
+        if chunk.finished[:2].all():
+            break
+    last = engine.read()  # it ran no step: every row had finished
+    assert engine.unread == 0 and not last.count.any()
+    assert tokens[0] == greedy and tokens[1] == sampled
+    assert reads == -(-(NEW - 1) // engine.chunk)  # the sampled row: one token a step
+    with pytest.raises(ValueError, match="no decoded chunk to read"):
+        engine.read()

@@ -6,6 +6,7 @@ The engine here is a stand-in that keeps only the column bookkeeping (the real o
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -21,10 +22,10 @@ BUCKET = 16
 
 
 class ColumnsEngine:
-    """A prompt takes a bucket of 16 columns, or 32 past 16 tokens; each of the leading rows a chunk runs emits token 7 until its
-    ``max_new``; the clock advances by the chunk's steps; ``shift``, ``move`` and ``restart`` are
-    recorded, and so are the rows of each admit call and the ``allowed`` tokens of each admit and
-    decode."""
+    """A prompt takes a bucket of 16 columns, or 32 past 16 tokens; each of the leading rows a chunk runs
+    emits token 7 until its ``max_new``; chunks are read in the order they were decoded, and a read moves
+    the clock by its chunk's steps; ``shift``, ``move`` and ``restart`` are recorded, and so are the rows
+    of each admit call and the ``allowed`` tokens of each admit and decode."""
 
     vocab = 40  # two words of allowed bits per row
     prefixes = 0  # no prefix store
@@ -41,11 +42,25 @@ class ColumnsEngine:
         self.rows_run: list[int] = []
         self.admitted_at: list[int] = []
         self.admits: list[list[int]] = []  # the rows of each admit call
+        self.chunks: collections.deque = collections.deque()  # decoded, unread: (Chunk, columns)
+        self.most_unread = 0
+
+    @property
+    def unread(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def ahead(self) -> int:
+        return sum(columns for _, columns in self.chunks)
+
+    def _unread_first(self) -> None:
+        assert not self.chunks, "columns placed by the clock while a chunk is unread"
 
     def bucket(self, length: int) -> int:
         return BUCKET if length <= BUCKET else 2 * BUCKET
 
     def admit(self, requests) -> list[dict]:
+        self._unread_first()
         size = max(self.bucket(len(request.ids)) for request in requests)
         most = max(request.max_new for request in requests)
         assert self.clock >= size and self.clock + most <= self.length, "columns outside the rows"
@@ -68,29 +83,39 @@ class ColumnsEngine:
     def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
         self.allowed.append(("decode", steps, allowed))
         self.rows_run.append(rows)
-        self.count = np.where(np.arange(self.slots) < rows, np.minimum(self.left, steps), 0)
-        self.left -= self.count
-        self.clock += int(self.count.max(initial=0))
-        assert self.clock <= self.length
+        count = np.where(np.arange(self.slots) < rows, np.minimum(self.left, steps), 0)
+        self.left -= count
+        self._chunk(count, int(count.max(initial=0)), self.chunk)
+
+    def _chunk(self, count: np.ndarray, columns: int, width: int, moved=None) -> None:
+        """Queue a chunk of ``count`` tokens a row (``width`` at most) that moves the clock ``columns``."""
+        shape, top = (self.slots, width), (self.slots, width, 5)
+        chunk = Chunk(np.full(shape, 7), np.zeros(shape), np.zeros(top, int), np.zeros(top),
+                      count, self.left == 0, moved)  # fmt: skip
+        self.chunks.append((chunk, columns))
+        self.most_unread = max(self.most_unread, len(self.chunks))
+        assert self.clock + self.ahead <= self.length, "a chunk past the end of the rows"
 
     def read(self) -> Chunk:
-        shape = (self.slots, self.chunk)
-        top = (self.slots, self.chunk, 5)
-        return Chunk(np.full(shape, 7), np.zeros(shape), np.zeros(top, int), np.zeros(top),
-                     self.count, self.left == 0)  # fmt: skip
+        chunk, columns = self.chunks.popleft()
+        self.clock += columns
+        return chunk
 
     def release(self, free: np.ndarray) -> None:
         self.left[free] = 0
 
     def shift(self, delta: int) -> None:
+        self._unread_first()
         self.shifts.append(delta)
         self.clock += delta
 
     def move(self, source: int, target: int) -> None:
+        self._unread_first()
         self.moves.append((source, target))
         self.left[target], self.left[source] = self.left[source], 0
 
     def restart(self, clock: int) -> None:
+        self._unread_first()
         self.restarts.append(clock)
         self.clock = clock
 
@@ -142,7 +167,8 @@ def test_a_move_of_busy_rows_goes_as_far_left_as_they_allow(scheduler):
 
 def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
     """Three requests in rows 0-2; rows 0 and 1 finish after the first chunk: row 2's request moves to
-    row 0 and the chunks after run one row, and it still gets every token."""
+    row 0 and the chunks after the move run one row, and it still gets every token. (The second chunk,
+    started before the first was read, still runs three.)"""
     engine = ColumnsEngine(slots=4, length=64, chunk=4)
     scheduler = Scheduler(engine, eos=[], max_queue=8)
     got: dict[int, list[int]] = {0: [], 1: [], 2: []}
@@ -168,7 +194,48 @@ def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
         scheduler.close()
     assert [len(tokens) for tokens in got.values()] == [5, 5, 13]
     assert engine.moves == [(2, 0)]
-    assert engine.rows_run == [3, 1, 1]
+    assert engine.rows_run == [3, 3, 1]
+
+
+def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
+    """A request of 20 tokens alone: every chunk after the first starts before the one before it is read
+    (the device would run it while the host delivers), none once the unread chunk can end the request;
+    every token arrives, and a request arriving meanwhile is admitted once every chunk is read (the
+    stand-in refuses an admission while one is unread)."""
+    calls: list[str] = []
+
+    class Recording(ColumnsEngine):
+        def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
+            calls.append("decode")
+            super().decode(steps, rows, allowed, guess)
+
+        def read(self) -> Chunk:
+            calls.append("read")
+            return super().read()
+
+    engine = Recording(slots=2, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    try:
+        assert _ask(scheduler, 20) == [7] * 20
+        assert calls == ["decode", "decode", "read"] + ["decode", "read"] * 3 + ["read"]
+        tokens: list[int] = []
+        done = threading.Event()
+
+        def deliver(event) -> None:
+            tokens.extend(event.ids)
+            if event.finish:
+                done.set()
+
+        first = threading.Event()
+        scheduler.submit(
+            [Sequence([1, 2, 3], 40, Sampling(0.0), lambda e: (deliver(e), first.set()))]
+        )
+        assert first.wait(10)
+        assert _ask(scheduler, 12) == [7] * 12  # admitted while the first one streams
+        assert done.wait(10) and tokens == [7] * 40
+        assert engine.most_unread == 2
+    finally:
+        scheduler.close()
 
 
 def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket():
@@ -203,6 +270,52 @@ def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket(
     assert [len(got[i]) for i in range(4)] == [n for _, n in jobs]
     assert engine.admits == [[1, 2], [0], [0]]
     assert engine.restarts[0] == 2 * BUCKET and engine.admitted_at[:3] == [2 * BUCKET] * 3
+
+
+def test_requests_arriving_while_an_idle_engine_prefills_are_prefilled_before_its_first_chunk():
+    """One request alone in an idle engine; three more arrive during its prefill: they are prefilled in
+    the next call, before the first decode chunk (its stream has not waited for one yet), which runs all
+    four rows. A request arriving while a row streams waits for the chunk between: the running streams
+    get their tokens first."""
+    calls: list[str] = []
+
+    class Arrivals(ColumnsEngine):
+        def admit(self, requests) -> list[dict]:
+            calls.append(f"admit {len(requests)}")
+            if arrivals:  # they come while this prefill runs
+                scheduler.submit(arrivals.pop(0))
+            return super().admit(requests)
+
+        def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
+            calls.append(f"decode {rows}")
+            super().decode(steps, rows, allowed, guess)
+
+    engine = Arrivals(slots=8, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    finished: list[int] = []
+    done = threading.Event()
+
+    def deliver(i: int):
+        def take(event) -> None:
+            if event.finish:
+                finished.append(i)
+                if len(finished) == 6:
+                    done.set()
+
+        return take
+
+    def sequence(i: int) -> Sequence:
+        return Sequence([1, 2, 3], 12, Sampling(0.0), deliver(i))
+
+    arrivals = [[sequence(1), sequence(2), sequence(3)], [sequence(4)], [sequence(5)]]
+    try:
+        scheduler.submit([sequence(0)])
+        assert done.wait(10)
+    finally:
+        scheduler.close()
+    # The fifth request came during the second admission, with the first request already streaming:
+    # it waits for a chunk, and the sixth, arriving during its admission, for the next one.
+    assert calls[:6] == ["admit 1", "admit 3", "decode 4", "admit 1", "decode 5", "admit 1"]
 
 
 class Grammar:
@@ -348,6 +461,7 @@ class PieceEngine(ColumnsEngine):
         return super().admit(requests)
 
     def prefill(self, pieces) -> list[dict | None]:
+        self._unread_first()
         assert self.clock >= max(p.start for p in pieces) + self.piece, "columns outside the rows"
         self.calls.append(("prefill", [(p.admission.row, p.start, p.end) for p in pieces]))
         self.on_piece(pieces)
@@ -482,36 +596,23 @@ class GuessingEngine(ColumnsEngine):
     def __init__(self, slots: int, length: int, chunk: int) -> None:
         super().__init__(slots, length, chunk)
         self.guesses: list[bool] = []
-        self.moved = np.zeros((slots,), int)
 
     def decode(self, steps: int, rows: int, allowed=None, guess=False) -> None:
         self.guesses.append(guess)
-        self.moved = np.zeros((self.slots,), int)
         if not guess:
             return super().decode(steps, rows, allowed)
         width = self.lookup + 1
         busy = np.arange(self.slots) < rows
+        clock = self.clock + self.ahead  # after the unread chunks
         run = min(
-            steps, -(-int(self.left[busy].max(initial=0)) // 2), (self.length - self.clock) // width
+            steps, -(-int(self.left[busy].max(initial=0)) // 2), (self.length - clock) // width
         )
         assert run > 0, "a guessing chunk with no step that fits"
-        self.count = np.where(busy, np.minimum(self.left, 2 * run), 0)
-        self.moved = np.where(busy & (self.left > 0), run * width - self.count, 0)
-        self.left -= self.count
-        self.clock += run * width
+        count = np.where(busy, np.minimum(self.left, 2 * run), 0)
+        moved = np.where(busy & (self.left > 0), run * width - count, 0)
+        self.left -= count
         self.rows_run.append(rows)
-
-    def read(self) -> Chunk:
-        chunk = super().read()
-        shape, top = (self.slots, self.chunk * 4), (self.slots, self.chunk * 4, 5)
-        return dataclasses.replace(
-            chunk,
-            tokens=np.full(shape, 7),
-            logprobs=np.zeros(shape),
-            top_ids=np.zeros(top, int),
-            top_logprobs=np.zeros(top),
-            moved=self.moved,
-        )
+        self._chunk(count, run * width, self.chunk * width, moved)
 
 
 def test_guessing_chunks_move_rows_left_when_their_columns_run_out():

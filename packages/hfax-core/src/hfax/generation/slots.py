@@ -113,7 +113,12 @@ class SlotEngine(Protocol):
     time (:meth:`prefill`), between decode chunks, so that rows already decoding keep streaming. Its row
     produces no tokens until its last piece, which chooses its first token; the tokens are those it gets
     prefilled whole (``piece`` is 0, and ``piece_refusal`` says why, for a model where they would not
-    be)."""
+    be).
+
+    Chunks in flight: :meth:`decode` may start a chunk before the last one is read (it runs after it),
+    and :meth:`read` returns them oldest first. While a chunk is unread the host's ``clock`` is the last
+    read chunk's, and ``ahead`` the most columns the unread ones move it; what places columns by the
+    clock (admit, prefill, keep, shift, move, restart) needs every chunk read first."""
 
     slots: int
     length: int
@@ -128,6 +133,8 @@ class SlotEngine(Protocol):
     lookup: (
         int  # tokens a guessing decode step guesses per row by prompt lookup (0: it never guesses)
     )
+    unread: int  # chunks decoded and not read yet
+    ahead: int  # the most columns the unread chunks move the clock
 
     def bucket(self, length: int) -> int:
         """The columns a prompt of ``length`` tokens takes (its padded bucket)."""
@@ -168,7 +175,7 @@ class SlotEngine(Protocol):
         and rolls each row right by the columns of the guesses it did not keep (``Chunk.moved``)."""
 
     def read(self) -> Chunk:
-        """The last chunk's tokens per row; waits for the device."""
+        """The oldest unread chunk's tokens per row; waits for the device. The clock is then its."""
 
     def release(self, free: np.ndarray) -> None:
         """Mark rows finished so that no decode step waits for them."""

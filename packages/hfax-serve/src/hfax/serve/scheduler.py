@@ -5,8 +5,11 @@ One worker thread owns the engine (a :class:`hfax.generation.slots.SlotEngine`, 
 cancelled, prefill the waiting requests that fit into free rows (first in, first out; those of one
 prompt bucket together, in one program of the engine), move the last busy rows down into
 free rows below them, run one decode chunk over the leading rows that hold every request, hand each request
-its new tokens. Requests reach it from the server's event loop through :meth:`Scheduler.submit`; tokens go back through each
-:class:`Sequence`'s ``deliver`` callback, called on the worker thread.
+its new tokens. A turn that began with no row streaming (an idle engine meeting a burst) admits again
+before its chunk while requests wait and rows are free: those that came during its prefills get their
+first tokens without waiting for a chunk of the first ones' second. Requests reach it from the
+server's event loop through :meth:`Scheduler.submit`; tokens go back through each :class:`Sequence`'s
+``deliver`` callback, called on the worker thread.
 
 The cache columns a request will use are known when it is admitted (its prompt's bucket before the
 engine's clock, ``max_new`` after it), so admission checks they fit and
@@ -38,6 +41,15 @@ when it would run past the end, and each row's columns move right by what the ch
 (``Chunk.moved``): its span with them, as wide as before. A row so moved may need columns past the end
 for its ``max_new``; a plain chunk then moves every row left first (:meth:`_room`), and a new request
 joins once a move makes room beside it.
+
+Chunks in flight: while a turn would only decode the same rows again (nothing waits or is to be
+scored, every leading row streams without a grammar: :meth:`Scheduler._steady`), the next chunk starts
+before this one is read, and the device runs it while this thread hands out this one's tokens; on an
+accelerator, whose step takes about a millisecond, the host's work per chunk then overlaps the
+device's instead of adding to it. Anything else a turn does (admitting, scoring, moving rows, a
+cancelled row, a grammar's next step) first reads the chunk in flight: the host knows the clock and
+the rows only as the last read chunk left them. A chunk is not started ahead where the rows would
+have to move first, nor when the chunk in flight may end every row.
 
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
@@ -220,11 +232,20 @@ class Scheduler:
         while True:
             with self._wake:
                 self._drop_cancelled()
-                while not (self._closing or self._waiting or self.busy or self._scoring):
+                while not (
+                    self._closing
+                    or self._waiting
+                    or self.busy
+                    or self._scoring
+                    or self.engine.unread
+                ):
                     self._wake.wait()
                 if self._closing and not self.busy and not self._waiting and not self._scoring:
                     return
-                admitted, pieces = self._take_admissible()
+                streaming = self._streaming()
+                # With a chunk unread (a steady turn started it) nothing is admitted: only a read tells
+                # the host the clock.
+                admitted, pieces = ([], []) if self.engine.unread else self._take_admissible()
                 scoring, self._scoring = list(self._scoring), collections.deque()
             for ids, done in scoring:
                 try:
@@ -234,10 +255,16 @@ class Scheduler:
                     scored = error
                 done(scored)
             try:
+                if self.engine.unread and not self._steady():
+                    # This turn does more than decode: it takes the rows as the last chunk left them.
+                    self._collect()
+                    continue
                 if admitted or pieces:
                     self._admit(admitted, pieces)
+                if admitted and not streaming and self._admissible():
+                    continue  # a burst: no stream waits for a chunk, the requests that came meanwhile do
                 self._pack()
-                if any(s is not None and not s.prefilling for s in self._rows):
+                if self._streaming():
                     self._decode()
             except Exception:  # noqa: BLE001 - the server keeps serving; these requests get an error
                 log.exception(
@@ -246,6 +273,16 @@ class Scheduler:
                 self._fail([sequence for _, sequence in admitted] + list(filter(None, self._rows)))
                 if self.prefixes is not None:
                     self.prefixes.forget()
+
+    def _streaming(self) -> bool:
+        """Whether a row is decoding: its request has its first token and waits for more."""
+        return any(s is not None and not s.prefilling for s in self._rows)
+
+    def _admissible(self) -> bool:
+        """Whether a request waits and a row is free for it (whether it fits beside the others is for
+        :meth:`_take_admissible` to find)."""
+        with self._wake:
+            return bool(self._waiting) and None in self._rows
 
     def _fail(self, sequences: list[Sequence]) -> None:
         with self._wake:
@@ -386,6 +423,9 @@ class Scheduler:
             last = max((row for row, s in enumerate(self._rows) if s is not None), default=-1)
             if last < free:
                 return
+            if self.engine.unread:  # the chunk's tokens are the rows' as they were
+                self._collect()
+                continue
             self.engine.move(last, free)
             with self._wake:
                 sequence = self._rows[last]
@@ -491,6 +531,19 @@ class Scheduler:
             self.engine.release(self._mask(ended))
 
     def _decode(self) -> None:
+        """Run a decode chunk over the leading rows and deliver its tokens. While the turn after would
+        only decode again (:meth:`_steady`), the next chunk starts before this one is read, so that the
+        device runs it while this thread hands out this one's tokens (:meth:`_start_ahead`)."""
+        if not self.engine.unread:
+            self._start()
+        if self._steady():
+            self._start_ahead()
+        self._collect()
+
+    def _start(self) -> None:
+        """Start a chunk over the leading rows, the rows moved first where its columns need it: one
+        step given every row's allowed tokens while a row has a grammar, else a chunk, guessing or not
+        (:meth:`_guesses`)."""
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
         if any(sequence is not None and sequence.constraint is not None for sequence in self._rows):
             self._room(1)
@@ -498,6 +551,43 @@ class Scheduler:
         else:
             guess = self._guesses(last + 1)
             self.engine.decode(self.engine.chunk, last + 1, guess=guess)
+
+    def _steady(self) -> bool:
+        """Whether the next turn would only decode the same rows again: no request waits, no prompt is
+        to be scored, the server is not closing, and every leading row holds a request that streams,
+        uncancelled and without a grammar (whose allowed tokens follow from the last chunk's). A chunk
+        can then start before the last one is read."""
+        with self._wake:
+            if self._closing or self._waiting or self._scoring:
+                return False
+            busy = [row for row, sequence in enumerate(self._rows) if sequence is not None]
+            return bool(busy) and all(
+                s is not None and not s.cancelled and not s.prefilling and s.constraint is None
+                for s in self._rows[: busy[-1] + 1]
+            )
+
+    def _start_ahead(self) -> None:
+        """Start the next chunk while the last is unread (:meth:`_steady` holds), as :meth:`_start`
+        would once it is read, where that needs no move of the rows: the host knows the clock only up to
+        what the unread chunk writes. Nothing starts when that chunk may end every row (each row's
+        ``max_new`` reached within the tokens it can give)."""
+        engine = self.engine
+        last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
+        busy = [s for s in self._rows if s is not None]
+        guess = (
+            bool(engine.lookup)
+            and last + 1 <= self.lookup_rows
+            and all(_keeps_guesses(s) for s in busy)
+        )
+        width = engine.lookup + 1 if guess else 1
+        if engine.clock + engine.ahead + engine.chunk * width > engine.length:
+            return  # the rows may have to move first: the next turn decides, once the chunk is read
+        if all(s.max_new - s.generated <= engine.ahead for s in busy):
+            return
+        engine.decode(engine.chunk, last + 1, guess=guess)
+
+    def _collect(self) -> None:
+        """Read the oldest unread chunk and deliver its tokens: rows that finished are freed."""
         chunk = self.engine.read()
         if chunk.moved is not None:  # prompt lookup rolled rows right: their columns with them
             self._spans = {

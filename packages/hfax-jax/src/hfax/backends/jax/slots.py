@@ -5,7 +5,8 @@
                                                       prefill prompts into their rows together   (one program)
     engine.decode(steps)                              up to ``steps`` tokens in every busy row    (one program)
     engine.decode(1, allowed=bitmask)                 one token per busy row, among those allowed (one program)
-    engine.read()                                     the chunk's tokens, per row, on the host
+    engine.read()                                     the oldest unread chunk's tokens, per row, on the host
+                                                      (a decode may start before the last is read)
     engine.release(rows) / engine.shift(delta)        free rows / move every row's cache        (one program)
     engine.move(source, target)                       one request to another row                  (one program)
     engine.restart(clock)                             every row free: move the clock only         (one program)
@@ -43,6 +44,15 @@ rows may be unfinished (admitted, or given their last piece; dropped once a read
 they are released).
 packages/hfax-jax/tests/test_slots.py
 (``test_decodes_over_a_short_window_of_columns_get_their_generate_tokens``) checks it.
+
+Chunks in flight. A decode program returns its chunk's tokens, each row's ``finished`` and the clock as
+arrays of their own beside the state (:func:`_report`): the next program takes the state and donates it,
+so a chunk can be read after the next one has started, and :meth:`SlotEngine.read` returns the chunks
+oldest first. The host's clock is the last read chunk's; :attr:`SlotEngine.ahead`, the most columns the
+unread chunks write, is what a decode's window counts from it (they only roll rows right, so the host's
+record of a row's first column is at or before the row's). What places columns by the clock (admit,
+prefill, keep, shift, move, restart) is refused until every chunk is read.
+``test_chunks_decoded_before_the_last_is_read_get_their_generate_tokens`` checks it.
 
 Prefix caching. With ``prefixes`` entries the engine holds a store beside the cache: per layer, arrays
 shaped as the cache's but ``[prefixes, ..., prefix_length, ...]``. :meth:`SlotEngine.keep` gathers the
@@ -121,6 +131,7 @@ and power of two of requests).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -265,8 +276,7 @@ def start_program(
         "counts": jnp.zeros((slots, logits.shape[-1]), jnp.int32),
         "history": jnp.zeros(valid.shape, jnp.int32),
     }
-    out = _output(slots, static.decoding.capacity)
-    return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table, "out": out}
+    return {"states": states, "valid": valid, "clock": jnp.int32(0), "rows": table}
 
 
 def _output(slots: int, chunk: int) -> dict[str, Any]:
@@ -648,21 +658,30 @@ def decode_program(
     eos: Any,
     start: Any,
     static: SlotStatic,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Up to ``steps`` new tokens in every unfinished row among the first ``static.rows`` (the rest are
     free), in one loop over those rows only, and over their ``static.columns`` columns from ``start`` on
     (:func:`_leading`): a batch with few requests, or short ones, costs what few rows, or the columns
-    they hold, cost."""
-    return _leading(model, params, state, steps, eos, None, start, static)
+    they hold, cost. Returns the state and the chunk's :func:`_report`."""
+    return _report(_leading(model, params, state, steps, eos, None, start, static))
 
 
 def step_program(
     model: Any, params: Any, state: dict[str, Any], eos: Any, allowed: Any, static: SlotStatic
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One new token in every unfinished row among the first ``static.rows``, each chosen among the
     tokens its row of ``allowed`` (``[slots, ceil(vocab / 32)]``, :func:`rows.allow`'s bitmask) lets it
     choose: :func:`decode_program`'s step for a batch in which a row has a grammar (over every column)."""
-    return _leading(model, params, state, jnp.int32(1), eos, allowed, jnp.int32(0), static)
+    return _report(_leading(model, params, state, jnp.int32(1), eos, allowed, jnp.int32(0), static))
+
+
+def _report(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A decode's state without its chunk's output, and that output with each row's ``finished`` and the
+    ``clock`` after the chunk: arrays of their own, outside the state that the next program takes (and
+    donates), so that a chunk can be read after the next one has started (:meth:`SlotEngine.read`)."""
+    state = dict(state)
+    out = state.pop("out")
+    return state, {**out, "finished": state["rows"]["finished"], "clock": state["clock"]}
 
 
 def _leading(
@@ -1109,13 +1128,32 @@ class SlotEngine:
         self._prompts: dict[int, tuple[list[int], np.ndarray]] = {}
         self._held: dict[int, list[int]] = {}
         # The rows that may be unfinished (their prompts' columns are what a decode's window must hold),
-        # and whether a decode has run since the clock was last read.
+        # and the chunks decoded but not read yet, oldest first, each with the most columns it moves the
+        # clock (the host's clock is the last read one's).
         self._decoding: set[int] = set()
-        self._unread = False
+        self._unread: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
         self.windows = (window, length) if window else (length,)
 
     def _replicate(self, tree: Any) -> Any:
         return mesh.replicate(tree, self.model.mesh)
+
+    @property
+    def unread(self) -> int:
+        """How many decoded chunks :meth:`read` has not returned yet."""
+        return len(self._unread)
+
+    @property
+    def ahead(self) -> int:
+        """The most columns the unread chunks move the clock past :attr:`clock` (the last read one's)."""
+        return sum(columns for _, columns in self._unread)
+
+    def _read_first(self, what: str) -> None:
+        """Refuse ``what`` while a chunk is unread: it places columns by the clock, which only a read
+        gives the host."""
+        if self._unread:
+            raise ValueError(
+                f"{what} places columns by the clock: read the {len(self._unread)} decoded chunk(s) first"
+            )
 
     def _empty_store(self) -> list[dict[str, Any]]:
         """Zeros shaped as every row's layer states but with ``prefixes`` rows of ``prefix_length``
@@ -1141,6 +1179,7 @@ class SlotEngine:
         (:func:`reuse_program`) prefill only the tokens after them, padded into the bucket of the
         longest such rest, beside the stored columns padded into the bucket of the longest prefix: one
         program per pair of those buckets and power of two of requests."""
+        self._read_first("admit")
         self._check(requests)
         reused = [request.reuse.count if request.reuse else 0 for request in requests]
         size = self.bucket(max(len(r.ids) - n for r, n in zip(requests, reused)))
@@ -1201,6 +1240,7 @@ class SlotEngine:
         ending at the clock, in one program (:func:`piece_program`; one per power of two of pieces,
         padding rows write nothing); returns, for each piece that ends its prompt, its first token's
         choice on the host (among its ``allowed`` tokens when given), and ``None`` for the others."""
+        self._read_first("prefill")
         self._check_pieces(pieces)
         size, count = self.piece, min(self.slots, bucket(len(pieces), 1))
         ids = np.zeros((count, size), np.int32)
@@ -1313,6 +1353,7 @@ class SlotEngine:
     def keep(self, kept: Sequence[Kept]) -> None:
         """Copy each :class:`Kept`'s prompt tokens from its row into its store entry (:func:`keep_program`,
         one program per bucket of the most tokens kept, all compiled when the engine is made)."""
+        self._read_first("keep")
         for one in kept:
             if not 0 <= one.entry < self.prefixes:
                 raise ValueError(
@@ -1421,7 +1462,8 @@ class SlotEngine:
         self, steps: int, rows: int, allowed: np.ndarray | None = None, guess: bool = False
     ) -> None:
         """Start a chunk of up to ``steps`` tokens per unfinished row among the first ``rows`` (``read``
-        waits for it). One program per power of two of rows. With ``allowed`` (``[slots, ceil(vocab /
+        waits for it). A decode may start before the last chunk is read: it runs on the device after it,
+        and the reads return the chunks in order. One program per power of two of rows. With ``allowed`` (``[slots, ceil(vocab /
         32)]``, :func:`rows.allow`'s bitmask), one step (``steps`` must be 1) of :func:`step_program`.
         With ``guess``, ``steps`` steps of prompt lookup (:func:`_speculate`, :attr:`lookup` guesses a
         step): up to ``steps * (lookup + 1)`` tokens a row, writing that many columns."""
@@ -1433,7 +1475,10 @@ class SlotEngine:
                 raise ValueError(f"a decode with allowed tokens runs one step, not {steps}")
             program = self.model.program("serve_step", step_program, donate=("state",))
             bits = self._replicate(np.asarray(allowed, np.int32))
-            self.state = program(self.model.params, self.state, self.eos, bits, static=static)
+            self.state, report = program(
+                self.model.params, self.state, self.eos, bits, static=static
+            )
+            self._unread.append((report, 1))
             return
         if guess and not self.lookup:
             raise ValueError("this engine guesses no tokens (it was made with lookup=0)")
@@ -1444,25 +1489,33 @@ class SlotEngine:
         )
         program = self.model.program("serve_decode", decode_program, donate=("state",))
         limit, start = self._replicate((np.int32(steps), np.int32(start)))
-        self.state = program(self.model.params, self.state, limit, self.eos, start, static=static)
-        self._unread = True
+        self.state, report = program(
+            self.model.params, self.state, limit, self.eos, start, static=static
+        )
+        self._unread.append((report, steps * (drafts + 1)))
 
     def _window(self, steps: int, rows: int) -> tuple[int, int]:
         """``(start, columns)``: the fewest columns of :attr:`windows` that hold every column an
         unfinished row among the first ``rows`` holds, and the ``steps`` columns from the clock on, which
-        the decode writes. Every column if the clock moved unread, or if no row is unfinished (the
-        decode then runs no step: :func:`hfax.serve.engine` compiles the whole-row programs so)."""
+        the decode writes, counted from the clock after the unread chunks (the most they move it).
+        Unread chunks only roll rows right (prompt lookup), so the host's first columns are at or before
+        the rows'. Every column if no row is unfinished (the decode then runs no step:
+        :func:`hfax.serve.engine` compiles the whole-row programs so)."""
         firsts = [int(self._prompts[row][1].min()) for row in self._decoding if row < rows]
-        if self._unread or not firsts:
+        if not firsts:
             return 0, self.length
-        end = min(self.clock + steps, self.length)
+        end = min(self.clock + self.ahead + steps, self.length)
         columns = next(w for w in self.windows if w >= end - max(min(firsts), 0))
         return min(max(end - columns, 0), self.length - columns), columns
 
     def read(self) -> Chunk:
-        out, finished = self.state["out"], self.state["rows"]["finished"]
+        """The oldest unread chunk's tokens per row (waits for the device); the clock is then its."""
+        if not self._unread:
+            raise ValueError("no decoded chunk to read: decode first")
+        out = dict(self._unread.popleft()[0])
+        finished = out.pop("finished")
         _wait((out, finished))
-        self.clock, self._unread = int(self.state["clock"]), False
+        self.clock = int(out.pop("clock"))
         done = np.asarray(finished)
         self._decoding = {row for row in self._decoding if not done[row]}
         moved = np.asarray(out["moved"])
@@ -1482,6 +1535,7 @@ class SlotEngine:
 
     def shift(self, delta: int) -> None:
         """Move every row's columns by ``delta``: see the module docstring."""
+        self._read_first("shift")
         program = self.model.program("serve_shift", shift_program, donate=("state",))
         self.state = program(
             self.state, self._replicate(np.int32(delta)), static=self._decode_static
@@ -1491,6 +1545,7 @@ class SlotEngine:
 
     def move(self, source: int, target: int) -> None:
         """Move the request in row ``source`` to the free row ``target`` (``source`` is free after it)."""
+        self._read_first("move")
         program = self.model.program("serve_move", move_program, donate=("state",))
         self.state = program(
             self.state,
@@ -1504,6 +1559,7 @@ class SlotEngine:
 
     def restart(self, clock: int) -> None:
         """Put the clock at ``clock`` with every row free, copying nothing (see :meth:`shift`)."""
+        self._read_first("restart")
         program = self.model.program("serve_restart", restart_program, donate=("state",))
         self.state = program(
             self.state, self._replicate(np.int32(clock)), static=self._decode_static
