@@ -51,6 +51,7 @@ class StandInEngine:
 
     prefixes = 0  # no prefix store: every prompt is prefilled (for nothing) whole
     lookup = 0  # no guessed tokens: a step gives a row one token
+    piece = 0  # every prompt prefilled whole
 
     def __init__(self, slots: int, length: int, chunk: int, step_s: float = 0.0) -> None:
         self.step_s = step_s

@@ -16,7 +16,7 @@ import pytest
 
 from hfax.generation.rows import Sampling
 from hfax.generation.slots import Chunk
-from hfax.serve.scheduler import Scheduler, Sequence
+from hfax.serve.scheduler import AHEAD_SHARE, Scheduler, Sequence
 
 BUCKET = 16
 
@@ -167,8 +167,7 @@ def test_a_move_of_busy_rows_goes_as_far_left_as_they_allow(scheduler):
 
 def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
     """Three requests in rows 0-2; rows 0 and 1 finish after the first chunk: row 2's request moves to
-    row 0 and the chunks after the move run one row, and it still gets every token. (The second chunk,
-    started before the first was read, still runs three.)"""
+    row 0 and the chunks after run one row, and it still gets every token."""
     engine = ColumnsEngine(slots=4, length=64, chunk=4)
     scheduler = Scheduler(engine, eos=[], max_queue=8)
     got: dict[int, list[int]] = {0: [], 1: [], 2: []}
@@ -194,14 +193,16 @@ def test_the_last_busy_row_moves_down_into_a_row_freed_below_it():
         scheduler.close()
     assert [len(tokens) for tokens in got.values()] == [5, 5, 13]
     assert engine.moves == [(2, 0)]
-    assert engine.rows_run == [3, 3, 1]
+    assert engine.rows_run == [3, 1, 1]
 
 
 def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
-    """A request of 20 tokens alone: every chunk after the first starts before the one before it is read
-    (the device would run it while the host delivers), none once the unread chunk can end the request;
-    every token arrives, and a request arriving meanwhile is admitted once every chunk is read (the
-    stand-in refuses an admission while one is unread)."""
+    """A request of 20 tokens alone, on a stand-in whose reads wait for nothing (the host's share of a
+    turn is nearly all of it): once two reads have measured that share, each chunk starts before the one
+    before it is read (the device would run it while the host delivers), none once the unread chunk can
+    end the request; every token arrives, and a request arriving meanwhile is admitted once every chunk
+    is read (the stand-in refuses an admission while one is unread). Beside a device whose reads wait
+    200 ms, every chunk is read before the next starts."""
     calls: list[str] = []
 
     class Recording(ColumnsEngine):
@@ -217,7 +218,15 @@ def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
     scheduler = Scheduler(engine, eos=[], max_queue=8)
     try:
         assert _ask(scheduler, 20) == [7] * 20
-        assert calls == ["decode", "decode", "read"] + ["decode", "read"] * 3 + ["read"]
+        assert calls == ["decode", "read"] * 2 + [
+            "decode",
+            "decode",
+            "read",
+            "decode",
+            "read",
+            "read",
+        ]
+        assert scheduler.host_share > 0.5
         tokens: list[int] = []
         done = threading.Event()
 
@@ -236,6 +245,20 @@ def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
         assert engine.most_unread == 2
     finally:
         scheduler.close()
+
+    class Slow(Recording):
+        def read(self) -> Chunk:
+            time.sleep(0.2)
+            return super().read()
+
+    calls.clear()
+    engine = Slow(slots=2, length=64, chunk=4)
+    scheduler = Scheduler(engine, eos=[], max_queue=8)
+    try:
+        assert _ask(scheduler, 20) == [7] * 20
+    finally:
+        scheduler.close()
+    assert calls == ["decode", "read"] * 5 and scheduler.host_share < AHEAD_SHARE
 
 
 def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket():

@@ -49,7 +49,9 @@ accelerator, whose step takes about a millisecond, the host's work per chunk the
 device's instead of adding to it. Anything else a turn does (admitting, scoring, moving rows, a
 cancelled row, a grammar's next step) first reads the chunk in flight: the host knows the clock and
 the rows only as the last read chunk left them. A chunk is not started ahead where the rows would
-have to move first, nor when the chunk in flight may end every row.
+have to move first, nor when the chunk in flight may end every row, nor while the host's own work is
+under :data:`AHEAD_SHARE` of a decode turn (measured by the reads): beside a slow device, such as this
+project's CPU, it gains little and costs a request arriving meanwhile a chunk's wait.
 
 A sequence with a grammar (``response_format``, :class:`hfax.serve.formats.Constraint`) needs its tokens
 allowed one at a time: while one is busy, each decode is a single step given every row's allowed tokens
@@ -79,6 +81,14 @@ log = logging.getLogger("hfax.serve")
 #: project's CPU a guessing step over 4 rows gives 1.3 times the tokens per second plain steps give, over
 #: 16 rows half (docs/PERFORMANCE.md, "Prompt lookup").
 LOOKUP_ROWS = 4
+
+#: The least share of a decode turn the host's own work takes (between a read's return and the next
+#: read, against the wait in the read) for a chunk to start before the last is read. Starting ahead saves
+#: at most the host's time per chunk, and a request arriving meanwhile waits for one chunk more: on this
+#: project's CPU, where a chunk of Gemma 3 270M takes 200-400 ms and the host 1-5 ms of it, starting
+#: ahead cost benchmarks/serve.py 7-10% of its tokens per second at 4 and 16 clients; with a stand-in
+#: device of 1 ms steps it gave one client 11% more (docs/PERFORMANCE.md, "Chunks in flight").
+AHEAD_SHARE = 0.05
 
 
 @dataclasses.dataclass
@@ -171,6 +181,10 @@ class Scheduler:
         self._spans: dict[int, tuple[int, int]] = {}  # row -> its columns [first, end)
         self._wake = threading.Condition()
         self._closing = False
+        # When the last read returned, in a turn that only decoded, and the host's share of such turns
+        # (a moving average; None until two reads measure one): what _start_ahead weighs.
+        self._read_returned: float | None = None
+        self.host_share: float | None = None
         self._thread = threading.Thread(target=self._loop, name="hfax-serve-scheduler", daemon=True)
         self._thread.start()
 
@@ -259,6 +273,8 @@ class Scheduler:
                     # This turn does more than decode: it takes the rows as the last chunk left them.
                     self._collect()
                     continue
+                if admitted or pieces or scoring:
+                    self._read_returned = None  # not a turn that only decodes: it measures nothing
                 if admitted or pieces:
                     self._admit(admitted, pieces)
                 if admitted and not streaming and self._admissible():
@@ -426,6 +442,7 @@ class Scheduler:
             if self.engine.unread:  # the chunk's tokens are the rows' as they were
                 self._collect()
                 continue
+            self._read_returned = None
             self.engine.move(last, free)
             with self._wake:
                 sequence = self._rows[last]
@@ -570,7 +587,11 @@ class Scheduler:
         """Start the next chunk while the last is unread (:meth:`_steady` holds), as :meth:`_start`
         would once it is read, where that needs no move of the rows: the host knows the clock only up to
         what the unread chunk writes. Nothing starts when that chunk may end every row (each row's
-        ``max_new`` reached within the tokens it can give)."""
+        ``max_new`` reached within the tokens it can give), nor while the host's share of a decode turn
+        is under :data:`AHEAD_SHARE` (a device slow beside the host gains little and costs arrivals a
+        chunk's wait)."""
+        if self.host_share is None or self.host_share < AHEAD_SHARE:
+            return
         engine = self.engine
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
         busy = [s for s in self._rows if s is not None]
@@ -587,8 +608,17 @@ class Scheduler:
         engine.decode(engine.chunk, last + 1, guess=guess)
 
     def _collect(self) -> None:
-        """Read the oldest unread chunk and deliver its tokens: rows that finished are freed."""
+        """Read the oldest unread chunk and deliver its tokens: rows that finished are freed. Measures the
+        host's share of the turn since the last read (:data:`AHEAD_SHARE`)."""
+        called = time.perf_counter()
         chunk = self.engine.read()
+        returned = time.perf_counter()
+        if self._read_returned is not None:
+            host, wait = called - self._read_returned, returned - called
+            share = host / max(host + wait, 1e-9)
+            last = self.host_share
+            self.host_share = share if last is None else 0.75 * last + 0.25 * share
+        self._read_returned = returned
         if chunk.moved is not None:  # prompt lookup rolled rows right: their columns with them
             self._spans = {
                 row: (first + int(chunk.moved[row]), end + int(chunk.moved[row]))
