@@ -8,6 +8,7 @@ same noise per seed, step and row).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -190,6 +191,8 @@ def test_models_health_and_metrics(served):
     metrics = served.metrics()
     assert metrics["hfax_batch_slots"] == SLOTS
     assert metrics["hfax_compiles_total"] >= 1
+    share = metrics["hfax_host_share"]  # NaN before two reads of one stream's chunks measure it
+    assert math.isnan(share) or 0 <= share <= 1
 
 
 def test_completion_greedy_equals_transformers(served):

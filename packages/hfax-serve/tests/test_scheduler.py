@@ -242,7 +242,7 @@ def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
         assert first.wait(10)
         assert _ask(scheduler, 12) == [7] * 12  # admitted while the first one streams
         assert done.wait(10) and tokens == [7] * 40
-        assert engine.most_unread == 2
+        assert engine.most_unread == 2 and scheduler.counters.chunks_ahead >= 3
     finally:
         scheduler.close()
 
@@ -259,6 +259,7 @@ def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
     finally:
         scheduler.close()
     assert calls == ["decode", "read"] * 5 and scheduler.host_share < AHEAD_SHARE
+    assert scheduler.counters.chunks_ahead == 0
 
 
 def test_requests_arriving_together_are_prefilled_in_one_call_per_prompt_bucket():

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 from hfax.serve import requests
 from hfax.serve.formats import Constraint, Formats
 from hfax.serve.requests import APIError, Job
-from hfax.serve.scheduler import Event, QueueFull, Scheduler, Sequence
+from hfax.serve.scheduler import AHEAD_SHARE, Event, QueueFull, Scheduler, Sequence
 
 
 class Text:
@@ -467,6 +467,19 @@ def metrics(server: Server) -> str:
             "counter",
             "Pieces of long prompts prefilled between decode chunks.",
             counters.prefill_pieces,
+        ),
+        (
+            "hfax_decode_chunks_ahead_total",
+            "counter",
+            "Decode chunks started before the last one was read (the host's work overlapping the device's).",
+            counters.chunks_ahead,
+        ),
+        (
+            "hfax_host_share",
+            "gauge",
+            f"The host's share of a decode turn, a moving average (NaN until measured): chunks start "
+            f"ahead from {AHEAD_SHARE} on.",
+            "NaN" if scheduler.host_share is None else round(scheduler.host_share, 4),
         ),
         ("hfax_queue_depth", "gauge", "Sequences waiting for a row.", scheduler.waiting),
         ("hfax_batch_occupancy", "gauge", "Rows holding a sequence.", scheduler.busy),

@@ -161,6 +161,7 @@ class Counters:
     reused_tokens: int = 0
     kept_prefixes: int = 0
     prefill_pieces: int = 0
+    chunks_ahead: int = 0  # decode chunks started before the last one was read
 
 
 class Scheduler:
@@ -606,6 +607,7 @@ class Scheduler:
         if all(s.max_new - s.generated <= engine.ahead for s in busy):
             return
         engine.decode(engine.chunk, last + 1, guess=guess)
+        self.counters.chunks_ahead += 1
 
     def _collect(self) -> None:
         """Read the oldest unread chunk and deliver its tokens: rows that finished are freed. Measures the
