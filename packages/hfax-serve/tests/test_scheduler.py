@@ -123,16 +123,25 @@ class ColumnsEngine:
         return 0, 0.0
 
 
-def _ask(scheduler: Scheduler, max_new: int) -> list[int]:
+def _submit(
+    scheduler: Scheduler, max_new: int
+) -> tuple[list[int], threading.Event, threading.Event]:
+    """A greedy request of ``max_new`` tokens: its tokens so far, and events set at its first and last."""
     tokens: list[int] = []
-    done = threading.Event()
+    first, done = threading.Event(), threading.Event()
 
     def deliver(event) -> None:
         tokens.extend(event.ids)
+        first.set()
         if event.finish:
             done.set()
 
     scheduler.submit([Sequence([1, 2, 3], max_new, Sampling(temperature=0.0), deliver)])
+    return tokens, first, done
+
+
+def _ask(scheduler: Scheduler, max_new: int) -> list[int]:
+    tokens, _, done = _submit(scheduler, max_new)
     assert done.wait(10)
     return tokens
 
@@ -227,18 +236,7 @@ def test_a_steady_batch_starts_each_chunk_before_the_last_is_read():
             "read",
         ]
         assert scheduler.host_share > 0.5
-        tokens: list[int] = []
-        done = threading.Event()
-
-        def deliver(event) -> None:
-            tokens.extend(event.ids)
-            if event.finish:
-                done.set()
-
-        first = threading.Event()
-        scheduler.submit(
-            [Sequence([1, 2, 3], 40, Sampling(0.0), lambda e: (deliver(e), first.set()))]
-        )
+        tokens, first, done = _submit(scheduler, 40)
         assert first.wait(10)
         assert _ask(scheduler, 12) == [7] * 12  # admitted while the first one streams
         assert done.wait(10) and tokens == [7] * 40
