@@ -596,11 +596,7 @@ class Scheduler:
         engine = self.engine
         last = max(row for row, sequence in enumerate(self._rows) if sequence is not None)
         busy = [s for s in self._rows if s is not None]
-        guess = (
-            bool(engine.lookup)
-            and last + 1 <= self.lookup_rows
-            and all(_keeps_guesses(s) for s in busy)
-        )
+        guess = self._may_guess(last + 1)
         width = engine.lookup + 1 if guess else 1
         if engine.clock + engine.ahead + engine.chunk * width > engine.length:
             return  # the rows may have to move first: the next turn decides, once the chunk is read
@@ -655,19 +651,27 @@ class Scheduler:
         if completed:  # the engine still counts these rows busy: their grammar ended them, not EOS
             self.engine.release(self._mask(completed))
 
+    def _may_guess(self, rows: int) -> bool:
+        """Whether a chunk over the leading ``rows`` is worth guessing tokens for by prompt lookup: the
+        engine guesses, ``rows`` are at most ``lookup_rows`` (a step's forward over ``lookup + 1`` tokens
+        a row costs about one token's while rows are few, and more than it gives when they are many),
+        and every busy row keeps the guesses its model agrees with (:func:`_keeps_guesses`: a row that
+        cannot would pay for guesses it never takes)."""
+        busy = [s for s in self._rows if s is not None]
+        return (
+            bool(self.engine.lookup)
+            and rows <= self.lookup_rows
+            and all(_keeps_guesses(s) for s in busy)
+        )
+
     def _guesses(self, rows: int) -> bool:
         """Whether this chunk guesses tokens by prompt lookup (:meth:`SlotEngine.decode` with ``guess``),
-        making room for it first: when the engine guesses, the leading ``rows`` are at most
-        ``lookup_rows`` (a step's forward over ``lookup + 1`` tokens a row costs about one token's while
-        rows are few, and more than it gives when they are many), and every busy row keeps the guesses
-        its model agrees with (:func:`_keeps_guesses`: a row that cannot would pay for guesses it never
-        takes). A guessing chunk writes ``lookup + 1`` columns a step, so the rows move left first when
-        the chunk would run past the end (as far as their first columns allow); when not one step fits
-        after that, the chunk decodes plainly."""
+        making room for it first: when :meth:`_may_guess`. A guessing chunk writes ``lookup + 1`` columns
+        a step, so the rows move left first when the chunk would run past the end (as far as their first
+        columns allow); when not one step fits after that, the chunk decodes plainly."""
         engine = self.engine
         width = engine.lookup + 1
-        busy = [s for s in self._rows if s is not None]
-        if not engine.lookup or rows > self.lookup_rows or not all(_keeps_guesses(s) for s in busy):
+        if not self._may_guess(rows):
             self._room(engine.chunk)
             return False
         if engine.clock + engine.chunk * width > engine.length and self._spans:
