@@ -219,10 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-ms", type=float, default=0.0, help="the stand-in's time per decode step (0: none)"
     )
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=0,
+        help="the engine's row length (hfax serve --max-len; 0: 16 + --max-tokens, a request's whole need)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--stand-in-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    length = 16 + args.max_tokens
+    length = args.max_len or 16 + args.max_tokens
     if args.stand_in_server:
         serve_stand_in(args.stand_in_server, args.slots, length, args.chunk, args.step_ms / 1000)
         return 0
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         port = sock.getsockname()[1]
     command = [sys.executable, __file__, "--stand-in-server", str(port), "--slots", str(args.slots),
                "--chunk", str(args.chunk), "--max-tokens", str(args.max_tokens),
-               "--step-ms", str(args.step_ms)]  # fmt: skip
+               "--step-ms", str(args.step_ms), "--max-len", str(length)]  # fmt: skip
     server = subprocess.Popen(command)
     try:
         for _ in range(120):
