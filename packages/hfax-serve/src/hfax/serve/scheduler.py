@@ -44,9 +44,9 @@ joins once a move makes room beside it.
 
 Chunks in flight: while a turn would only decode the same rows again (nothing waits or is to be
 scored, every leading row streams without a grammar: :meth:`Scheduler._steady`), the next chunk starts
-before this one is read, and the device runs it while this thread hands out this one's tokens; on an
-accelerator, whose step takes about a millisecond, the host's work per chunk then overlaps the
-device's instead of adding to it. Anything else a turn does (admitting, scoring, moving rows, a
+before this one is read, and the device runs it while this thread hands out this one's tokens: beside
+a device of millisecond steps (benchmarks/serve_host.py's stand-in) the host's work per chunk then
+overlaps the device's instead of adding to it. Anything else a turn does (admitting, scoring, moving rows, a
 cancelled row, a grammar's next step) first reads the chunk in flight: the host knows the clock and
 the rows only as the last read chunk left them. A chunk is not started ahead where the rows would
 have to move first, nor when the chunk in flight may end every row, nor while the host's own work is
@@ -87,7 +87,8 @@ LOOKUP_ROWS = 4
 #: at most the host's time per chunk, and a request arriving meanwhile waits for one chunk more: on this
 #: project's CPU, where a chunk of Gemma 3 270M takes 200-400 ms and the host 1-5 ms of it, starting
 #: ahead cost benchmarks/serve.py 7-10% of its tokens per second at 4 and 16 clients; with a stand-in
-#: device of 1 ms steps it gave one client 11% more (docs/PERFORMANCE.md, "Chunks in flight").
+#: device of 1 ms steps and rows of 1024 columns it gave 14% at 16 clients and 30% at 64
+#: (docs/PERFORMANCE.md, "Chunks in flight and a burst's admission").
 AHEAD_SHARE = 0.05
 
 
