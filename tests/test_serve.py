@@ -39,6 +39,27 @@ PROMPTS = [
 ]
 
 
+#: A chat template that names the tools and writes earlier calls as Qwen 2's does, in short markers (every
+#: byte is a token here), and the response template that reads its model's answers, as transformers' for
+#: Qwen 2 reads Qwen's: what the byte-level server's tools are tested with.
+TOOL_TEMPLATE = (
+    "{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>"
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "assistant: ",
+    "fields": {
+        "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
+                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "content": {"content": "text"},
+    },
+}  # fmt: skip
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -69,6 +90,10 @@ class Served:
         self.path = str(tmp_path / "tiny-llama")
         save_tokenizer = save_tiny_byte_tokenizer if byte_level else save_tiny_tokenizer
         self.tokenizer = save_tokenizer(self.path)
+        if byte_level:  # a chat template that shows tools, and how its model writes calls
+            self.tokenizer.chat_template = TOOL_TEMPLATE
+            self.tokenizer.response_template = RESPONSE_TEMPLATE
+            self.tokenizer.save_pretrained(self.path)
         config = transformers.LlamaConfig(
             vocab_size=len(self.tokenizer), hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -635,6 +660,199 @@ def test_stop_strings_end_the_text(served):
     assert answer.choices[0].finish_reason == "stop"
     text, chunks = _streamed_text(served.complete(prompt, max_tokens=12, stop=stop, stream=True))
     assert text == cut and chunks[-1].choices[0].finish_reason == "stop"
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 6}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "person", "parameters": SCHEMA}},
+    {
+        "type": "function",
+        "function": {"name": "weather", "description": "by city", "parameters": CITY},
+    },
+]
+
+
+def _tool_prompt(served, messages: list[dict], tools: list[dict] = TOOLS) -> list[int]:
+    return list(served.tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"])  # fmt: skip
+
+
+def _follows_call(name: str, arguments: str) -> None:
+    if name == "person":
+        _follows_schema(arguments)
+    else:
+        value = json.loads(arguments)
+        assert set(value) == {"city"} and isinstance(value["city"], str), arguments
+        assert len(value["city"]) <= 6, arguments
+
+
+def _joined_calls(chunks) -> dict[int, dict]:
+    """The streamed calls of choice 0, joined by index as the openai client's users join them."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for entry in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if entry.index not in calls:
+                assert entry.id and entry.type == "function" and entry.function.name
+                calls[entry.index] = {"name": entry.function.name, "arguments": ""}
+            else:
+                assert entry.id is None and entry.function.name is None
+            calls[entry.index]["arguments"] += entry.function.arguments or ""
+    return calls
+
+
+def test_a_named_function_and_required_hold_calls_to_the_tools_schemas(json_served):
+    """tool_choice naming a function: the greedy call's arguments are the argmax of each step's masked
+    logits (llguidance on transformers' logits) over the chat template's prompt with the tools, streamed
+    and not; "required" without parallel calls: one call of either tool, the greedy one as that argmax
+    under an array of the two calls' schemas; every sampled call parses and validates."""
+    served = json_served
+    messages = [{"role": "user", "content": "who?"}]
+    ids = _tool_prompt(served, messages)
+    person = {"type": "function", "function": {"name": "person"}}
+
+    def chat(**options):
+        return served.client.chat.completions.create(
+            model=served.path, messages=messages, tools=TOOLS, max_tokens=120, **options
+        )
+
+    want = served.text(_constrained_greedy(served, ids, SCHEMA, 120))
+    greedy = chat(tool_choice=person, temperature=0)
+    choice = greedy.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name, call.function.arguments) == ("person", want)
+    assert greedy.usage.prompt_tokens == len(ids)
+    chunks = list(chat(tool_choice=person, temperature=0, stream=True))
+    assert _joined_calls(chunks) == {0: {"name": "person", "arguments": want}}
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.tool_calls]) > 2
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    sampled = chat(tool_choice=person, temperature=1.0, seed=3, n=2)
+    for choice in sampled.choices:
+        _follows_call("person", choice.message.tool_calls[0].function.arguments)
+
+    either = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": tool["function"]["name"]},
+                                          "arguments": tool["function"]["parameters"]},
+         "required": ["name", "arguments"], "additionalProperties": False} for tool in TOOLS
+    ]}}  # fmt: skip
+    want = json.loads(served.text(_constrained_greedy(served, ids, either, 120)))
+    required = chat(tool_choice="required", parallel_tool_calls=False, temperature=0)
+    calls = required.choices[0].message.tool_calls
+    assert required.choices[0].finish_reason == "tool_calls"
+    assert [
+        {"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in calls
+    ] == want
+    sampled = chat(tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=7, n=3)
+    for choice in sampled.choices:
+        [call] = choice.message.tool_calls
+        _follows_call(call.function.name, call.function.arguments)
+    streamed = _joined_calls(list(chat(tool_choice="required", parallel_tool_calls=False,
+                                       temperature=0, stream=True)))  # fmt: skip
+    assert [
+        {"name": c["name"], "arguments": json.loads(c["arguments"])} for c in streamed.values()
+    ] == want
+
+
+def test_auto_answers_as_transformers_parses_the_greedy_text_and_earlier_calls_reach_the_template(
+    json_served,
+):
+    """tool_choice "auto" (the default): the answer is transformers' parse (``parse_response`` with the
+    tokenizer's response template) of transformers' greedy tokens over the prompt with the tools; a
+    conversation with an earlier call and its result is the prompt transformers' chat template makes of
+    it (arguments as objects), answered in text with tool_choice "none"."""
+    served = json_served
+    messages = [{"role": "user", "content": "weather?"}]
+    ids = _tool_prompt(served, messages)
+    tokens = served.greedy(ids, 24)
+    want = served.tokenizer.parse_response(
+        served.text(tokens), prefix=served.tokenizer.decode(ids), tools=TOOLS
+    )
+    reply = served.client.chat.completions.create(
+        model=served.path, messages=messages, tools=TOOLS, max_tokens=24, temperature=0
+    )
+    assert reply.choices[0].message.content == want["content"] and "tool_calls" not in want
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].finish_reason == ("length" if len(tokens) == 24 else "stop")
+    text, _ = _streamed_text(served.client.chat.completions.create(
+        model=served.path, messages=messages, tools=TOOLS, max_tokens=24, temperature=0, stream=True
+    ))  # fmt: skip
+    assert text == want["content"]
+
+    # A one-tool conversation (the byte-level rows hold 128 prompt tokens).
+    short = [{"type": "function", "function": {"name": "w", "parameters": CITY}}]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "w", "arguments": '{"city": "Oslo"}'},
+    }
+    turns = [{"role": "user", "content": "w?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]  # fmt: skip
+    as_transformers = [turns[0], {"role": "assistant", "content": "", "tool_calls": [
+        {**call, "function": {"name": "w", "arguments": {"city": "Oslo"}}}]}, turns[2]]  # fmt: skip
+    expected = _tool_prompt(served, as_transformers, short)
+    assert (
+        '<tool_call>{"name": "w", "arguments": {"city": "Oslo"}}</tool_call>'
+        in served.tokenizer.decode(expected)
+    )
+    reply = served.client.chat.completions.create(
+        model=served.path, messages=turns, tools=short, tool_choice="none", max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    assert reply.usage.prompt_tokens == len(expected)
+    assert reply.choices[0].message.content == served.text(served.greedy(expected, 8))
+
+
+@pytest.mark.parametrize(
+    "options, param",
+    [
+        ({"tools": TOOLS, "stop": ["x"]}, "stop"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nobody"}}},
+         "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
+          "tool_choice": "required"}, "tools"),
+    ],
+)  # fmt: skip
+def test_tools_that_cannot_be_served_are_400_and_the_server_keeps_serving(
+    json_served, options, param
+):
+    served = json_served
+    status, body = _error(lambda: served.client.chat.completions.create(
+        model=served.path, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **options
+    ))  # fmt: skip
+    assert status == 400 and body["param"] == param and body["message"], body
+    assert served.complete(PROMPTS[3], max_tokens=2).choices[0].text
+
+
+def test_tools_a_model_cannot_show_or_write_are_400_saying_what_works(served):
+    """The word-level tokenizer's chat template shows no tools, no template says how its model writes
+    calls, and llguidance cannot read it: "auto", "none" and "required" are each refused with the
+    reason; the deprecated functions too."""
+
+    def ask(**options):
+        return _error(lambda: served.client.chat.completions.create(
+            model=served.path, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **options
+        ))  # fmt: skip
+
+    status, body = ask(tools=TOOLS)
+    assert (
+        status == 400 and body["param"] == "tool_choice" and "response_template" in body["message"]
+    )
+    status, body = ask(tools=TOOLS, tool_choice="none")
+    assert status == 400 and body["param"] == "tools" and "does not show tools" in body["message"]
+    status, body = ask(tools=TOOLS, tool_choice="required")
+    assert status == 400 and body["param"] == "tools" and "llguidance" in body["message"]
+    status, body = ask(functions=[TOOLS[0]["function"]])
+    assert status == 400 and body["param"] == "functions" and "send tools" in body["message"]
 
 
 def _error(call) -> tuple[int, dict]:

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from hfax.serve.errors import APIError
 from hfax.serve.formats import Formats
-from hfax.serve.requests import APIError
 
 pytest.importorskip("llguidance")
 

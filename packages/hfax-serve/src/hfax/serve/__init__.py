@@ -161,6 +161,7 @@ def run(
     all of them greedy, each decode step guesses ``lookup`` tokens a row by prompt lookup (0: none)."""
     import uvicorn
 
+    from hfax.serve import tools
     from hfax.serve.app import Server, build
     from hfax.serve.scheduler import Scheduler
 
@@ -177,8 +178,11 @@ def run(
     if piece and slot_engine.piece_refusal:
         log.warning("hfax serve: prompts are prefilled whole: %s", slot_engine.piece_refusal)
     scheduler = Scheduler(slot_engine, eos, max_queue)
-    server = Server(scheduler, tokenizer, name, length)
+    template = tools.response_template(tokenizer, model.config)
+    server = Server(scheduler, tokenizer, name, length, template)
     server.formats.prepare()
+    if template is None:
+        log.info('hfax serve: tool_choice "auto" is refused: no response template for this model')
     config = uvicorn.Config(
         build(server), host=host, port=port, timeout_graceful_shutdown=drain, log_level="info"
     )

@@ -19,9 +19,10 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from hfax.serve import requests
+from hfax.serve import requests, tools
+from hfax.serve.errors import APIError
 from hfax.serve.formats import Constraint, Formats
-from hfax.serve.requests import APIError, Job
+from hfax.serve.requests import Job
 from hfax.serve.scheduler import AHEAD_SHARE, Event, QueueFull, Scheduler, Sequence
 
 
@@ -34,10 +35,11 @@ class Text:
     one settled piece back (a tokenizer may write a token differently at the start of a text: a leading
     space, a byte of a character). The new tokens settle once their decoding ends in a whole character
     (no ``\ufffd``); until then they wait. Where a decoder's pieces do not add up to its whole decoding,
-    the whole text is decoded again."""
+    the whole text is decoded again. With ``special`` the special tokens are written too (what a response
+    template reads: :mod:`hfax.serve.tools`)."""
 
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
+    def __init__(self, tokenizer: Any, stop: list[str], special: bool = False) -> None:
+        self.tokenizer, self.stop, self.special = tokenizer, stop, special
         self.ids: list[int] = []
         self.text = ""  # the settled tokens' text
         self.prefix = self.read = 0  # the piece before the settled point starts at ``prefix``
@@ -45,7 +47,7 @@ class Text:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=not self.special)
 
     def add(self, ids: list[int], final: bool) -> str:
         """The new text that may be sent after ``ids``; everything left when ``final``."""
@@ -72,7 +74,8 @@ class Text:
 
 
 class Choice:
-    """One of a request's ``n`` continuations: its sequence in the scheduler, its text and logprobs."""
+    """One of a request's ``n`` continuations: its sequence in the scheduler, its text and logprobs, and
+    with tools the :class:`~hfax.serve.tools.Reader` of its calls."""
 
     def __init__(
         self,
@@ -82,11 +85,17 @@ class Choice:
         queue: asyncio.Queue,
         loop: Any,
         constraint: Constraint | None = None,
+        template: Any = None,
     ) -> None:
         self.index = index
         self.text = Text(tokenizer, job.stop)
         self.finish: str | None = None
         self.tokens = 0
+        self.reader = None
+        if job.offered is not None:
+            prompt = tokenizer.decode(job.prompt(index), skip_special_tokens=False)
+            special = Text(tokenizer, [], special=True)
+            self.reader = tools.Reader(job.offered, template, prompt, special)
 
         def deliver(event: Event) -> None:  # on the scheduler's thread
             loop.call_soon_threadsafe(queue.put_nowait, (self, event))
@@ -99,8 +108,11 @@ class Choice:
 class Server:
     """The API's state: the scheduler, the tokenizer, the served name and the limits."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer: Any, name: str, length: int) -> None:
+    def __init__(
+        self, scheduler: Scheduler, tokenizer: Any, name: str, length: int, template: Any = None
+    ) -> None:
         self.scheduler, self.tokenizer, self.name, self.length = scheduler, tokenizer, name, length
+        self.template = template  # how the model writes tool calls (hfax.serve.tools), or None
         self.formats = Formats(tokenizer, scheduler.engine.vocab, sorted(scheduler.eos))
         self.started = int(time.time())
         self.closing = False
@@ -108,7 +120,14 @@ class Server:
 
     def job(self, kind: str, body: Any) -> Job:
         return requests.parse(
-            kind, body, self.name, self.tokenizer, self.scheduler.fits, self.length, self.formats
+            kind,
+            body,
+            self.name,
+            self.tokenizer,
+            self.scheduler.fits,
+            self.length,
+            self.formats,
+            self.template,
         )
 
     async def score(self, ids: list[int]) -> Any:
@@ -133,17 +152,20 @@ class Server:
 
     async def run(
         self, job: Job, disconnected: Any
-    ) -> AsyncIterator[tuple[Choice, Event, str, bool]]:
-        """Queue ``job``'s choices and yield ``(choice, event, new text, more)`` as tokens arrive, until
-        every choice finished; ``more`` says another event is already waiting (a consumer behind may
-        write them together). Cancels them all if the consumer stops early or ``disconnected()`` says so."""
+    ) -> AsyncIterator[tuple[Choice, Event, tools.Part, bool]]:
+        """Queue ``job``'s choices and yield ``(choice, event, what it sends, more)`` as tokens arrive,
+        until every choice finished: its new text as content, or with tools what its reader makes of it;
+        ``more`` says another event is already waiting (a consumer behind may write them together).
+        Cancels them all if the consumer stops early or ``disconnected()`` says so. A choice that called
+        tools and stopped finishes with "tool_calls"."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         constraints: list[Constraint | None] = [None] * job.choices
         if job.grammar is not None:
             constraints = list(self.formats.constraints(job.grammar, job.choices))
         choices = [
-            Choice(i, job, self.tokenizer, queue, loop, constraints[i]) for i in range(job.choices)
+            Choice(i, job, self.tokenizer, queue, loop, constraints[i], self.template)
+            for i in range(job.choices)
         ]
         try:
             self.scheduler.submit([choice.sequence for choice in choices])
@@ -179,7 +201,12 @@ class Server:
                         status=500,
                         kind="server_error",
                     )
-                yield choice, event, text, not queue.empty()
+                part = tools.Part(text)
+                if choice.reader is not None:
+                    part = choice.reader.add(event.ids, text, event.finish is not None)
+                    if event.finish == "stop" and choice.reader.called:
+                        event.finish = choice.finish = "tool_calls"
+                yield choice, event, part, not queue.empty()
         finally:
             for choice in choices:
                 if choice.finish is None:
@@ -279,6 +306,8 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     """The whole response of a request that is not streamed."""
     texts: dict[int, list[str]] = {i: [] for i in range(job.choices)}
     logs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.choices)}
+    thoughts: dict[int, list[str]] = {i: [] for i in range(job.choices)}
+    calls: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.choices)}
     reasons: dict[int, str | None] = {}
     logprobs = Logprobs(server.tokenizer, job.logprobs or 0)
     tokens = 0
@@ -289,8 +318,10 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
     events = server.run(job, disconnected) if job.max_new else _nothing()
     if not job.max_new:
         reasons = dict.fromkeys(range(job.choices), "length")
-    async for choice, event, text, _ in events:
-        texts[choice.index].append(text)
+    async for choice, event, sent, _ in events:
+        texts[choice.index].append(sent.content)
+        thoughts[choice.index].append(sent.reasoning)
+        calls[choice.index] += sent.calls
         if job.logprobs is not None and event.ids:
             offset = sum(len(t) for t in texts[choice.index][:-1])
             part = (
@@ -306,6 +337,12 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"index": i, "finish_reason": reasons.get(i)}
         if job.kind == "chat":
             body["message"] = {"role": "assistant", "content": text}
+            if job.offered is not None:
+                merged = tools.merged(calls[i])
+                body["message"]["content"] = None if merged and not text else text
+                body["message"]["tool_calls"] = merged
+                if "".join(thoughts[i]):
+                    body["message"]["reasoning_content"] = "".join(thoughts[i])
         else:
             body["text"] = text
         body["logprobs"] = _merge(job.kind, logs[i]) if job.logprobs is not None else None
@@ -331,7 +368,7 @@ async def _echoes(
             yield i, echo, scored
 
 
-async def _nothing() -> AsyncIterator[tuple[Choice, Event, str, bool]]:
+async def _nothing() -> AsyncIterator[tuple[Choice, Event, tools.Part, bool]]:
     """No tokens: what ``max_tokens: 0`` with ``echo`` asks for."""
     return
     yield
@@ -374,10 +411,15 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
         waiting: list[str] = []
         first = True
         events = server.run(job, disconnected) if job.max_new else _nothing()
-        async for choice, event, text, more in events:
+        async for choice, event, sent, more in events:
+            text = sent.content
             body: dict[str, Any] = {"index": choice.index, "finish_reason": _finish(event.finish)}
             if job.kind == "chat":
-                delta = {"content": text} if text else {}
+                delta: dict[str, Any] = {"content": text} if text else {}
+                if sent.reasoning:
+                    delta["reasoning_content"] = sent.reasoning
+                if sent.calls:
+                    delta["tool_calls"] = sent.calls
                 if choice.index not in greeted:
                     delta = {"role": "assistant", **delta, "content": text}
                     greeted.add(choice.index)
@@ -393,7 +435,7 @@ async def stream(server: Server, job: Job, disconnected: Any) -> AsyncIterator[s
                 )
             body["logprobs"] = part
             offsets[choice.index] += len(text)
-            if text or event.ids or event.finish is not None:
+            if text or sent.calls or sent.reasoning or event.ids or event.finish is not None:
                 chunk = {**head, "choices": [body]}
                 if event.finish is not None:
                     tokens += choice.tokens

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hfax.serve.requests import APIError
+from hfax.serve.errors import APIError
 
 log = logging.getLogger("hfax.serve")
 
@@ -69,7 +69,7 @@ class Formats:
             time.perf_counter() - started,
         )
 
-    def _llguidance_tokenizer(self) -> Any:
+    def _llguidance_tokenizer(self, param: str = "response_format") -> Any:
         with self._lock:
             if self._built is None:
                 try:
@@ -81,10 +81,15 @@ class Formats:
                 except Exception as error:  # noqa: BLE001 - the reason goes into each request's 400
                     self._built = error
         if isinstance(self._built, Exception):
+            asks = (
+                "response_format"
+                if param == "response_format"
+                else "a tool_choice of required or a function"
+            )
             raise APIError(
-                f"response_format needs a tokenizer llguidance can read, and this model's cannot be "
-                f"read ({self._built}); leave response_format out",
-                param="response_format",
+                f"{asks} needs a tokenizer llguidance can read, and this model's cannot be read "
+                f"({self._built}); leave {param} out",
+                param=param,
             )
         return self._built
 
@@ -109,20 +114,34 @@ class Formats:
             f'"json_schema", "json_schema": {{"name": ..., "schema": {{...}}}}}}, got {field!r}'
         )
 
-    def _compiled(self, schema: dict[str, Any], strict: bool) -> str:
+    def _compiled(
+        self, schema: dict[str, Any], strict: bool, param: str = "response_format"
+    ) -> str:
+        """The grammar of ``schema``; a 400 naming ``param`` (``response_format``, or ``tools`` for
+        :meth:`tools_grammar`) where llguidance cannot follow it."""
         from llguidance import LLMatcher
 
-        tokenizer = self._llguidance_tokenizer()
+        tokenizer = self._llguidance_tokenizer(param)
+        where = (
+            "response_format's schema"
+            if param == "response_format"
+            else "a tool's parameters schema"
+        )
         try:
             grammar = LLMatcher.grammar_from_json_schema(
                 schema, defaults=COMPACT, overrides=None if strict else {"lenient": True}
             )
         except ValueError as error:
-            raise _refused(f"response_format's schema is not a JSON object: {error}") from None
+            raise APIError(f"{where} is not a JSON object: {error}", param=param) from None
         error = LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            raise _refused(f"response_format's schema cannot be followed: {error}")
+            raise APIError(f"{where} cannot be followed: {error}", param=param)
         return grammar
+
+    def tools_grammar(self, schema: dict[str, Any], strict: bool) -> str:
+        """The grammar of the calls a ``tool_choice`` of "required" or a named function holds the output
+        to (:meth:`hfax.serve.tools.Offered.schema`); a 400 naming ``tools`` where it cannot be followed."""
+        return self._compiled(schema, strict, param="tools")
 
     def constraints(self, grammar: str, count: int) -> list[Constraint]:
         """``count`` fresh matchers of ``grammar``, one per choice."""
@@ -130,7 +149,7 @@ class Formats:
 
         first = LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0)
         if first.is_error():
-            raise _refused(f"response_format's schema cannot be followed: {first.get_error()}")
+            raise APIError(f"the request's grammar cannot be followed: {first.get_error()}")
         return [Constraint(first if i == 0 else first.deep_copy()) for i in range(count)]
 
 

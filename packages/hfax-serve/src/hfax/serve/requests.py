@@ -1,10 +1,10 @@
 """OpenAI request bodies checked and turned into what the scheduler runs, or an OpenAI-style error.
 
 Every field OpenAI defines for ``/v1/completions`` and ``/v1/chat/completions`` is either honoured, or
-refused with a 400 naming it when set to anything but its default (``best_of``, tools, ...);
+refused with a 400 naming it when set to anything but its default (``best_of``, ``suffix``, ...);
 a field OpenAI does not define is refused too, so a typo never passes silently. ``response_format``
 (chat's field, which completions take too, as vLLM's do) is checked and compiled by
-:mod:`hfax.serve.formats`.
+:mod:`hfax.serve.formats`, chat's ``tools`` by :mod:`hfax.serve.tools`.
 """
 
 from __future__ import annotations
@@ -14,32 +14,8 @@ import random
 from typing import Any
 
 from hfax.generation.rows import MAX_BIASED, TOP_LOGPROBS, Sampling
-
-
-class APIError(Exception):
-    """An error answered as OpenAI answers it: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": str(self),
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
+from hfax.serve import tools
+from hfax.serve.errors import APIError
 
 #: Fields both endpoints honour.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
@@ -49,11 +25,8 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_
 UNSUPPORTED = {
     "suffix": None,
     "best_of": 1,
-    "tools": None,
-    "tool_choice": None,
     "functions": None,
     "function_call": None,
-    "parallel_tool_calls": None,
     "modalities": None,
     "audio": None,
     "prediction": None,
@@ -66,11 +39,14 @@ UNSUPPORTED = {
 REASONS = {
     "best_of": "hfax serve ranks no candidates on the server; ask for n choices with logprobs and "
     "rank them by their token_logprobs",
+    "functions": "OpenAI's deprecated form; send tools",
+    "function_call": "OpenAI's deprecated form; send tool_choice",
 }
 FIELDS = {
     "completions": COMMON | {"prompt", "echo", "suffix", "best_of"},
     "chat": COMMON
-    | {"messages", "max_completion_tokens", "top_logprobs"}
+    | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
+    | {"parallel_tool_calls"}
     | {name for name, _ in UNSUPPORTED.items() if name not in {"echo", "suffix", "best_of"}},
 }
 #: At most this many choices per request (each takes a row).
@@ -102,7 +78,8 @@ class Job:
     presence: float = 0.0  # OpenAI's presence_penalty
     frequency: float = 0.0  # OpenAI's frequency_penalty
     bias: tuple[tuple[int, float], ...] = ()  # OpenAI's logit_bias as (token, bias) pairs
-    grammar: str | None = None  # response_format as an llguidance grammar; None for plain text
+    grammar: str | None = None  # response_format (or tool_choice) as an llguidance grammar
+    offered: Any = None  # chat's tools (hfax.serve.tools.Offered), or None
 
     @property
     def choices(self) -> int:
@@ -125,14 +102,22 @@ class Job:
 
 
 def parse(
-    kind: str, body: Any, model_name: str, tokenizer: Any, fits: Any, length: int, formats: Any
+    kind: str,
+    body: Any,
+    model_name: str,
+    tokenizer: Any,
+    fits: Any,
+    length: int,
+    formats: Any,
+    template: Any = None,
 ) -> Job:
     """``body`` (parsed JSON) of a ``kind`` request as a :class:`Job`, or :class:`APIError`.
 
     ``fits(prompt_tokens, max_new)`` says whether the server's rows hold them; ``length`` is their
     capacity in tokens, for the error message and chat's default ``max_tokens``. ``formats`` (a
-    :class:`hfax.serve.formats.Formats`) turns ``response_format`` into a grammar, last, so that a
-    request refused for another field costs no grammar.
+    :class:`hfax.serve.formats.Formats`) turns ``response_format`` or ``tool_choice`` into a grammar,
+    last, so that a request refused for another field costs no grammar. ``template`` is how the model
+    writes tool calls (:func:`hfax.serve.tools.response_template`), which ``tool_choice: "auto"`` needs.
     """
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
@@ -154,8 +139,15 @@ def parse(
             param="model",
             code="model_not_found",
         )
+    offered = tools.offered(body) if kind == "chat" else None
+    if offered is not None:
+        _check_tool_use(body, offered, template)
     sent = _each(body) if kind == "completions" else []
-    prompts = _prompts(sent, tokenizer) if kind == "completions" else [_chat_ids(body, tokenizer)]
+    prompts = (
+        _prompts(sent, tokenizer)
+        if kind == "completions"
+        else [_chat_ids(body, tokenizer, offered=offered)]
+    )
     longest = max(len(ids) for ids in prompts)
     echo = body.get("echo", False) if kind == "completions" else False
     if not isinstance(echo, bool):
@@ -211,8 +203,40 @@ def parse(
         presence=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         bias=_bias(body, len(tokenizer)),
-        grammar=formats.grammar(body.get("response_format")),
+        grammar=_grammar(body, offered, formats),
+        offered=offered if offered is not None and offered.mode != "none" else None,
     )
+
+
+def _check_tool_use(body: dict[str, Any], offered: Any, template: Any) -> None:
+    """Refuse what ``tools`` cannot go with: ``stop`` and ``response_format`` unless the model only sees
+    the tools (the end of a call is the model's markup, or its grammar's), "auto" where the model's way of
+    writing calls is not known."""
+    if offered.mode == "none":
+        return
+    for name in ("stop", "response_format"):
+        if body.get(name) is not None:
+            raise APIError(
+                f'{name} does not go with tools unless tool_choice is "none": a call ends where '
+                f"its markup or its schema does; leave {name} out",
+                param=name,
+            )
+    if offered.mode == "auto" and template is None:
+        raise APIError(
+            'tool_choice "auto" reads calls from the model\'s own markup, and hfax serve does not know '
+            "this model's (its tokenizer has no response_template, and transformers has none for its "
+            'family); use tool_choice "required" or name a function, which hfax serve holds to the '
+            "tools' schemas",
+            param="tool_choice",
+        )
+
+
+def _grammar(body: dict[str, Any], offered: Any, formats: Any) -> str | None:
+    """The grammar of the output: a tool_choice's calls, else ``response_format``'s, else ``None``."""
+    schema = None if offered is None else offered.schema()
+    if schema is not None:
+        return formats.tools_grammar(*schema)
+    return formats.grammar(body.get("response_format"))
 
 
 #: At most this many prompts in one completions request (each of their choices takes a row).
@@ -313,7 +337,11 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _chat_ids(body: dict[str, Any], tokenizer: Any, generation_prompt: bool = True) -> list[int]:
+def _chat_ids(
+    body: dict[str, Any], tokenizer: Any, generation_prompt: bool = True, offered: Any = None
+) -> list[int]:
+    """The chat template's tokens of ``body``'s ``messages`` (with the ``offered`` tools, and the calls
+    and results of earlier turns: :func:`hfax.serve.tools.template_message`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("messages must be a non-empty list of {role, content}", param="messages")
@@ -323,15 +351,39 @@ def _chat_ids(body: dict[str, Any], tokenizer: Any, generation_prompt: bool = Tr
             raise APIError(
                 "every message must be an object with a role and content", param="messages"
             )
-        plain.append({"role": message["role"], "content": _content(message.get("content"))})
+        content = message.get("content")
+        calls = message.get("tool_calls") is not None
+        plain.append(
+            {
+                "role": message["role"],
+                "content": "" if content is None and calls else _content(content),
+                **tools.template_message(message),
+            }
+        )
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
             "this model's tokenizer has no chat template; use /v1/completions", param="messages"
         )
-    ids = tokenizer.apply_chat_template(
-        plain, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True
-    )
-    return list(ids["input_ids"])
+
+    def rendered(functions: Any) -> list[int]:
+        ids = tokenizer.apply_chat_template(
+            plain,
+            tools=functions,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            return_dict=True,
+        )
+        return list(ids["input_ids"])
+
+    ids = rendered(None if offered is None else offered.tools)
+    if offered is not None and offered.mode in ("none", "auto") and ids == rendered(None):
+        raise APIError(
+            f"this model's chat template does not show tools to the model, so tool_choice "
+            f'"{offered.mode}" would ignore them; use tool_choice "required" or name a function '
+            "(hfax serve holds the output to their schemas), or leave tools out",
+            param="tools",
+        )
+    return ids
 
 
 def _content(content: Any) -> str:
