@@ -121,8 +121,29 @@ def test_a_named_function_streams_its_arguments_and_required_sends_each_call_who
         ("get_time", {}),
         ("get_weather", {"city": "Oslo"}),
     ]
-    cut = output[:30]  # max_tokens ended it: text
-    assert _read(tokenizer, required, cut, 1)[:3] == (cut, "", [])
+    # max_tokens ended it in the second call: the first is a call, the second's start text.
+    cut = output[:50]
+    content, _, calls, _ = _read(tokenizer, required, cut, 1)
+    assert content == cut[len('[{"name":"get_time","arguments":{}},') :]
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+
+
+def test_required_sends_each_call_once_its_object_closes(tokenizer):
+    """Strings holding brackets, quotes and backslashes do not end a call; each call goes out in the
+    chunk its closing brace arrives in, not at the end."""
+    required = tools.Offered([WEATHER, TIME], "required")
+    first = '{"name":"get_weather","arguments":{"city":"a}\\"b]{","days":[1,[2]]}}'
+    output = f'[{first},{{"name":"get_time","arguments":{{}}}}]'
+    template = tools.response_template(tokenizer, types.SimpleNamespace(model_type="qwen2"))
+    reader = tools.Reader(required, template, PROMPT, Text(tokenizer, []))
+    sent = [reader.add([], char, at == len(output) - 1) for at, char in enumerate(output)]
+    closed = [at for at, part in enumerate(sent) if part.calls]
+    assert closed == [len(first), len(output) - 2]
+    assert (
+        json.loads(sent[closed[0]].calls[0]["function"]["arguments"])
+        == json.loads(first)["arguments"]
+    )
+    assert all(part.content == "" for part in sent)
 
 
 def test_required_holds_the_output_to_an_array_of_the_tools_calls():

@@ -17,8 +17,9 @@ each choice's output comes back as ``tool_calls``.
 transformers serve reads tool calls back as "auto" does and ignores ``tool_choice``; vLLM holds "required"
 and a named function to a grammar too. A choice that calls tools ends with ``finish_reason:
 "tool_calls"``; streamed, a call's ``arguments`` arrive as the model writes them where its name is known
-from the start (a named function), else each call whole once its markup closes. A call the model writes
-malformed, or that ``max_tokens`` cuts, comes back as text, as vLLM's does.
+from the start (a named function), else each call whole once its markup (or its object in the array)
+closes. A call the model writes malformed, or that ``max_tokens`` cuts, comes back as text, as vLLM's
+does.
 """
 
 from __future__ import annotations
@@ -242,7 +243,9 @@ class Reader:
     def __init__(self, offered: Offered, template: Any, prefix: str, special: Any) -> None:
         self.offered, self.special = offered, special
         self.called = 0  # calls sent so far
-        self.held = ""  # "required": the output so far, sent once it parses
+        self.held = ""  # "required": the output so far
+        self.depth, self.start = 0, -1  # its brackets open, and where the call being written starts
+        self.quoted = self.escaped = False  # inside a string, after its backslash
         self.sent = ""  # content sent so far
         self.plain = ""  # the choice's text so far
         self.parser = None
@@ -257,8 +260,7 @@ class Reader:
         if mode == "function":
             return Part(calls=self._arguments(text))
         if mode == "required":
-            self.held += text
-            return self._required() if final else Part()
+            return self._required(text, final)
         return self._auto(self.special.add(ids, final), final)
 
     def _arguments(self, text: str) -> list[dict[str, Any]]:
@@ -268,13 +270,31 @@ class Reader:
         assert self.offered.name is not None
         return [_whole(self.offered.name, text, 0)]
 
-    def _required(self) -> Part:
-        try:
-            calls = json.loads(self.held)
-        except ValueError:  # cut by max_tokens
-            return Part(self._content(self.held))
-        self.called = len(calls)
-        return Part(calls=[_whole(c["name"], c["arguments"], i) for i, c in enumerate(calls)])
+    def _required(self, text: str, final: bool) -> Part:
+        """Each call of the array sent once its object closes (the grammar writes the array compact and
+        valid, so its brackets and quotes say where a call ends); a call cut by ``max_tokens`` as text."""
+        part = Part()
+        for char in text:
+            self.held += char
+            if self.quoted:
+                self.escaped, self.quoted = (
+                    (False, True) if self.escaped else (char == "\\", char != '"')
+                )
+            elif char == '"':
+                self.quoted = True
+            elif char in "[{":
+                self.depth += 1
+                if self.depth == 2:
+                    self.start = len(self.held) - 1
+            elif char in "]}":
+                self.depth -= 1
+                if self.depth == 1:
+                    call = json.loads(self.held[self.start :])
+                    part.calls.append(_whole(call["name"], call["arguments"], self.called))
+                    self.called, self.start = self.called + 1, -1
+        if final and self.start >= 0:
+            part.content = self._content(self.held[self.start :])
+        return part
 
     def _auto(self, text: str, final: bool) -> Part:
         if self.parser is None:  # a call could not be read: the rest is text
