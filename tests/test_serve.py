@@ -880,6 +880,7 @@ def _error(call) -> tuple[int, dict]:
         ({"echo": "yes"}, "echo"),
         ({"echo": True, "max_tokens": -1}, "max_tokens"),
         ({"best_of": 2}, "best_of"),
+        ({"suffix": " the end"}, "suffix"),
         ({"prompt": ["a"] * 65}, "prompt"),
         ({"prompt": ["a", []]}, "prompt"),
     ],

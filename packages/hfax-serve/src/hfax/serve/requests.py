@@ -39,6 +39,10 @@ UNSUPPORTED = {
 REASONS = {
     "best_of": "hfax serve ranks no candidates on the server; ask for n choices with logprobs and "
     "rank them by their token_logprobs",
+    "suffix": "filling in before a suffix needs the model's own infilling tokens, which hfax serve does "
+    "not know; send the text before it as the prompt",
+    "modalities": "hfax serve answers in text only",
+    "audio": "hfax serve answers in text only",
     "functions": "OpenAI's deprecated form; send tools",
     "function_call": "OpenAI's deprecated form; send tool_choice",
 }
