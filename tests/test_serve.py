@@ -60,6 +60,11 @@ RESPONSE_TEMPLATE = {
 }  # fmt: skip
 
 
+#: What the tools' server's model is taught to answer (:func:`_taught`).
+ASKED = [{"role": "user", "content": "weather?"}]
+ANSWER = 'Let me see.<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -76,7 +81,12 @@ class Served:
     ``byte_level`` on its byte-level one (which llguidance reads: ``response_format``'s tests)."""
 
     def __init__(
-        self, tmp_path, byte_level: bool = False, slots: int = SLOTS, options: tuple[str, ...] = ()
+        self,
+        tmp_path,
+        byte_level: bool = False,
+        slots: int = SLOTS,
+        options: tuple[str, ...] = (),
+        lesson: tuple[list[int], str] | None = None,
     ) -> None:
         import transformers
 
@@ -90,7 +100,7 @@ class Served:
         self.path = str(tmp_path / "tiny-llama")
         save_tokenizer = save_tiny_byte_tokenizer if byte_level else save_tiny_tokenizer
         self.tokenizer = save_tokenizer(self.path)
-        if byte_level:  # a chat template that shows tools, and how its model writes calls
+        if lesson is not None:  # a chat template that shows tools, and how its model writes calls
             self.tokenizer.chat_template = TOOL_TEMPLATE
             self.tokenizer.response_template = RESPONSE_TEMPLATE
             self.tokenizer.save_pretrained(self.path)
@@ -100,6 +110,9 @@ class Served:
             max_position_embeddings=LENGTH, **TINY_SPECIAL,
         )  # fmt: skip
         self.reference = save_tiny(config, self.path)
+        if lesson is not None:
+            answer = self.tokenizer(lesson[1], add_special_tokens=False)["input_ids"]
+            self.reference = _taught(self.reference, self.path, lesson[0], answer)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / "serve.log", "w+")
@@ -185,6 +198,43 @@ def _until_eos(tokens: list[int], eos: int = 2) -> list[int]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     server = Served(tmp_path_factory.mktemp("serve"))
+    yield server
+    server.stop()
+    server.log.close()
+
+
+def _taught(model, path: str, prompt: list[int], answer: list[int]) -> object:
+    """``model`` trained until its greedy continuation of ``prompt`` is ``answer``'s tokens and EOS, saved
+    to ``path`` and loaded back: a model that calls a tool by itself, in its template's markup."""
+    import torch
+
+    ids = torch.tensor([prompt + answer + [2]])  # then EOS
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(400):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(path)
+    return type(model).from_pretrained(path).eval()
+
+
+@pytest.fixture(scope="module")
+def tool_served(tmp_path_factory):
+    """The byte-level server's tiny Llama with :data:`TOOL_TEMPLATE`, taught to answer "weather?" with
+    :data:`ANSWER`, a call of the weather tool (4 rows)."""
+    from hfax.testing import save_tiny_byte_tokenizer
+
+    tokenizer = save_tiny_byte_tokenizer(tmp_path_factory.mktemp("tool-tokenizer"))
+    tokenizer.chat_template = TOOL_TEMPLATE
+    prompt = list(tokenizer.apply_chat_template(
+        ASKED, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"])  # fmt: skip
+    server = Served(tmp_path_factory.mktemp("serve-tools"), byte_level=True, slots=4,
+                    lesson=(prompt, ANSWER))  # fmt: skip
     yield server
     server.stop()
     server.log.close()
@@ -706,12 +756,12 @@ def _joined_calls(chunks) -> dict[int, dict]:
     return calls
 
 
-def test_a_named_function_and_required_hold_calls_to_the_tools_schemas(json_served):
+def test_a_named_function_and_required_hold_calls_to_the_tools_schemas(tool_served):
     """tool_choice naming a function: the greedy call's arguments are the argmax of each step's masked
     logits (llguidance on transformers' logits) over the chat template's prompt with the tools, streamed
     and not; "required" without parallel calls: one call of either tool, the greedy one as that argmax
     under an array of the two calls' schemas; every sampled call parses and validates."""
-    served = json_served
+    served = tool_served
     messages = [{"role": "user", "content": "who?"}]
     ids = _tool_prompt(served, messages)
     person = {"type": "function", "function": {"name": "person"}}
@@ -761,29 +811,41 @@ def test_a_named_function_and_required_hold_calls_to_the_tools_schemas(json_serv
 
 
 def test_auto_answers_as_transformers_parses_the_greedy_text_and_earlier_calls_reach_the_template(
-    json_served,
+    tool_served,
 ):
     """tool_choice "auto" (the default): the answer is transformers' parse (``parse_response`` with the
-    tokenizer's response template) of transformers' greedy tokens over the prompt with the tools; a
-    conversation with an earlier call and its result is the prompt transformers' chat template makes of
-    it (arguments as objects), answered in text with tool_choice "none"."""
-    served = json_served
-    messages = [{"role": "user", "content": "weather?"}]
-    ids = _tool_prompt(served, messages)
-    tokens = served.greedy(ids, 24)
+    tokenizer's response template) of transformers' greedy tokens over the prompt with the tools, which
+    the model was taught to make a call: its content and the call, streamed and not, ending with
+    "tool_calls"; a conversation with an earlier call and its result is the prompt transformers' chat
+    template makes of it (arguments as objects), answered in text with tool_choice "none"."""
+    served = tool_served
+    ids = _tool_prompt(served, ASKED)
+    tokens = served.greedy(ids, 120)
     want = served.tokenizer.parse_response(
         served.text(tokens), prefix=served.tokenizer.decode(ids), tools=TOOLS
     )
-    reply = served.client.chat.completions.create(
-        model=served.path, messages=messages, tools=TOOLS, max_tokens=24, temperature=0
-    )
-    assert reply.choices[0].message.content == want["content"] and "tool_calls" not in want
-    assert reply.choices[0].message.tool_calls is None
-    assert reply.choices[0].finish_reason == ("length" if len(tokens) == 24 else "stop")
-    text, _ = _streamed_text(served.client.chat.completions.create(
-        model=served.path, messages=messages, tools=TOOLS, max_tokens=24, temperature=0, stream=True
-    ))  # fmt: skip
-    assert text == want["content"]
+    call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    assert want == {"role": "assistant", "content": "Let me see.", "tool_calls": [call]}
+
+    def ask(**options):
+        return served.client.chat.completions.create(
+            model=served.path, messages=ASKED, tools=TOOLS, max_tokens=120, temperature=0, **options
+        )
+
+    choice = ask().choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == want["content"]
+    [got] = choice.message.tool_calls
+    assert (got.function.name, json.loads(got.function.arguments)) == ("weather", {"city": "Oslo"})
+    chunks = list(ask(stream=True))
+    text, _ = _streamed_text(chunks)
+    assert text == want["content"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+    [streamed] = _joined_calls(chunks).values()
+    assert (streamed["name"], json.loads(streamed["arguments"])) == ("weather", {"city": "Oslo"})
+    # With tool_choice "none" the same answer is text, markup and all.
+    none = served.client.chat.completions.create(model=served.path, messages=ASKED, tools=TOOLS,
+                                                 max_tokens=120, temperature=0, tool_choice="none")  # fmt: skip
+    assert none.choices[0].message.content == served.text(tokens) == ANSWER
+    assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason == "stop"
 
     # A one-tool conversation (the byte-level rows hold 128 prompt tokens).
     short = [{"type": "function", "function": {"name": "w", "parameters": CITY}}]
@@ -823,9 +885,9 @@ def test_auto_answers_as_transformers_parses_the_greedy_text_and_earlier_calls_r
     ],
 )  # fmt: skip
 def test_tools_that_cannot_be_served_are_400_and_the_server_keeps_serving(
-    json_served, options, param
+    tool_served, options, param
 ):
-    served = json_served
+    served = tool_served
     status, body = _error(lambda: served.client.chat.completions.create(
         model=served.path, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **options
     ))  # fmt: skip
