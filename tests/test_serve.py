@@ -869,6 +869,8 @@ def test_auto_answers_as_transformers_parses_the_greedy_text_and_earlier_calls_r
     )  # fmt: skip
     assert reply.usage.prompt_tokens == len(expected)
     assert reply.choices[0].message.content == served.text(served.greedy(expected, 8))
+    status, body = _post(served, "/tokenize", {"messages": turns, "tools": short})
+    assert status == 200 and body["tokens"] == expected
 
 
 @pytest.mark.parametrize(

@@ -147,11 +147,18 @@ def parse(
     if offered is not None:
         _check_tool_use(body, offered, template)
     sent = _each(body) if kind == "completions" else []
-    prompts = (
-        _prompts(sent, tokenizer)
-        if kind == "completions"
-        else [_chat_ids(body, tokenizer, offered=offered)]
-    )
+    if kind == "completions":
+        prompts = _prompts(sent, tokenizer)
+    else:
+        prompts = [_chat_ids(body, tokenizer, functions=None if offered is None else offered.tools)]
+        if offered is not None and offered.mode in ("none", "auto"):
+            if prompts[0] == _chat_ids(body, tokenizer):
+                raise APIError(
+                    f"this model's chat template does not show tools to the model, so tool_choice "
+                    f'"{offered.mode}" would ignore them; use tool_choice "required" or name a '
+                    "function (hfax serve holds the output to their schemas), or leave tools out",
+                    param="tools",
+                )
     longest = max(len(ids) for ids in prompts)
     echo = body.get("echo", False) if kind == "completions" else False
     if not isinstance(echo, bool):
@@ -288,14 +295,16 @@ def _prompt_ids(body: dict[str, Any], tokenizer: Any, special: bool = True) -> l
 
 #: The fields of ``/tokenize`` and ``/detokenize`` (vLLM's endpoints, which lm-evaluation-harness's remote
 #: tokenizer calls).
-TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
+TOKENIZE_FIELDS = {
+    "model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt",
+}  # fmt: skip
 DETOKENIZE_FIELDS = {"model", "tokens"}
 
 
 def tokenize(body: Any, model_name: str, tokenizer: Any) -> list[int]:
     """A ``/tokenize`` body's token ids: its ``prompt`` (``add_special_tokens``, default true), or its chat
-    ``messages`` through the chat template (``add_generation_prompt``, default true), as the completion
-    endpoints would tokenize them."""
+    ``messages`` (and ``tools``) through the chat template (``add_generation_prompt``, default true), as
+    the completion endpoints would tokenize them."""
     body = _tool_body(body, TOKENIZE_FIELDS, model_name)
     special = _flag(body, "add_special_tokens", True)
     generation_prompt = _flag(body, "add_generation_prompt", True)
@@ -303,7 +312,8 @@ def tokenize(body: Any, model_name: str, tokenizer: Any) -> list[int]:
         raise APIError("send either prompt or messages", param="prompt")
     if "prompt" in body:
         return _prompt_ids(body, tokenizer, special)
-    return _chat_ids(body, tokenizer, generation_prompt)
+    offered = tools.offered({"tools": body.get("tools")})
+    return _chat_ids(body, tokenizer, generation_prompt, None if offered is None else offered.tools)
 
 
 def detokenize(body: Any, model_name: str, tokenizer: Any) -> list[int]:
@@ -342,9 +352,9 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _chat_ids(
-    body: dict[str, Any], tokenizer: Any, generation_prompt: bool = True, offered: Any = None
+    body: dict[str, Any], tokenizer: Any, generation_prompt: bool = True, functions: Any = None
 ) -> list[int]:
-    """The chat template's tokens of ``body``'s ``messages`` (with the ``offered`` tools, and the calls
+    """The chat template's tokens of ``body``'s ``messages`` (with the tools ``functions``, and the calls
     and results of earlier turns: :func:`hfax.serve.tools.template_message`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -368,26 +378,14 @@ def _chat_ids(
         raise APIError(
             "this model's tokenizer has no chat template; use /v1/completions", param="messages"
         )
-
-    def rendered(functions: Any) -> list[int]:
-        ids = tokenizer.apply_chat_template(
-            plain,
-            tools=functions,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=True,
-        )
-        return list(ids["input_ids"])
-
-    ids = rendered(None if offered is None else offered.tools)
-    if offered is not None and offered.mode in ("none", "auto") and ids == rendered(None):
-        raise APIError(
-            f"this model's chat template does not show tools to the model, so tool_choice "
-            f'"{offered.mode}" would ignore them; use tool_choice "required" or name a function '
-            "(hfax serve holds the output to their schemas), or leave tools out",
-            param="tools",
-        )
-    return ids
+    ids = tokenizer.apply_chat_template(
+        plain,
+        tools=functions,
+        add_generation_prompt=generation_prompt,
+        tokenize=True,
+        return_dict=True,
+    )
+    return list(ids["input_ids"])
 
 
 def _content(content: Any) -> str:
