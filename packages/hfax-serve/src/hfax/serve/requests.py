@@ -83,7 +83,7 @@ class Job:
     frequency: float = 0.0  # OpenAI's frequency_penalty
     bias: tuple[tuple[int, float], ...] = ()  # OpenAI's logit_bias as (token, bias) pairs
     grammar: str | None = None  # response_format (or tool_choice) as an llguidance grammar
-    offered: Any = None  # chat's tools (hfax.serve.tools.Offered), or None
+    offered: tools.Offered | None = None  # chat's tools, unless tool_choice is "none"
 
     @property
     def choices(self) -> int:
@@ -219,7 +219,7 @@ def parse(
     )
 
 
-def _check_tool_use(body: dict[str, Any], offered: Any, template: Any) -> None:
+def _check_tool_use(body: dict[str, Any], offered: tools.Offered, template: Any) -> None:
     """Refuse what ``tools`` cannot go with: ``stop`` and ``response_format`` unless the model only sees
     the tools (the end of a call is the model's markup, or its grammar's), "auto" where the model's way of
     writing calls is not known."""
@@ -242,7 +242,7 @@ def _check_tool_use(body: dict[str, Any], offered: Any, template: Any) -> None:
         )
 
 
-def _grammar(body: dict[str, Any], offered: Any, formats: Any) -> str | None:
+def _grammar(body: dict[str, Any], offered: tools.Offered | None, formats: Any) -> str | None:
     """The grammar of the output: a tool_choice's calls, else ``response_format``'s, else ``None``."""
     schema = None if offered is None else offered.schema()
     if schema is not None:

@@ -19,7 +19,7 @@ and a named function to a grammar too. A choice that calls tools ends with ``fin
 "tool_calls"``; streamed, a call's ``arguments`` arrive as the model writes them where its name is known
 from the start (a named function), else each call whole once its markup (or its object in the array)
 closes. A call the model writes malformed, or that ``max_tokens`` cuts, comes back as text, as vLLM's
-does.
+does; a named function's arguments, streamed as written, stay its call's when cut (``"length"``).
 """
 
 from __future__ import annotations
