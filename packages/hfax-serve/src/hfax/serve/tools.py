@@ -207,7 +207,9 @@ def _call_id() -> str:
 
 def _whole(name: str, arguments: Any, index: int) -> dict[str, Any]:
     """One call as a streamed ``tool_calls`` entry that holds all of it."""
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    text = arguments
+    if not isinstance(arguments, str):  # compact, as the grammar of "required" writes them
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
     return {
         "index": index,
         "id": _call_id(),
