@@ -1,4 +1,4 @@
-"""A choice's text as its tokens arrive (:class:`hfax.serve.app.Text`): decoded incrementally, it equals the
+"""A choice's text as its tokens arrive (:class:`hfax.serve.text.Text`): decoded incrementally, it equals the
 tokenizer's decoding of all its tokens, however they are split into events, on a word-level and a
 byte-level tokenizer (whose tokens may hold part of a character); stop strings cut it where they start."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from hfax.serve.app import Text
+from hfax.serve.text import Text
 
 
 @pytest.fixture(scope="module", params=["words", "bytes"])

@@ -1,4 +1,4 @@
-"""A choice's output read back as tool calls (:class:`hfax.serve.tools.Reader`), token chunk by token
+"""A choice's output read back as tool calls (:func:`hfax.serve.tools.reader`), token chunk by token
 chunk as the scheduler delivers them, against transformers' own parse of the whole message
 (``tokenizer.parse_response``); and the checks of ``tools`` and ``tool_choice``."""
 
@@ -11,8 +11,8 @@ import types
 import pytest
 
 from hfax.serve import tools
-from hfax.serve.app import Text
 from hfax.serve.errors import APIError
+from hfax.serve.text import Text
 
 WEATHER = {
     "type": "function",
@@ -38,10 +38,11 @@ def tokenizer(tmp_path_factory):
 
 
 def _read(tokenizer, offered: tools.Offered, output: str, seed: int) -> tuple[str, str, list, str]:
-    """``output``'s tokens through a :class:`tools.Reader` in random chunks of 1 to 5 tokens: the
+    """``output``'s tokens through :func:`tools.reader`'s reader in random chunks of 1 to 5 tokens: the
     content and reasoning sent, the merged calls, and the streamed entries as JSON."""
     template = tools.response_template(tokenizer, types.SimpleNamespace(model_type="qwen2"))
-    reader = tools.Reader(offered, template, PROMPT, Text(tokenizer, [], special=True))
+    prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    reader = tools.reader(offered, template, tokenizer, prompt)
     text = Text(tokenizer, [])
     ids = tokenizer(output, add_special_tokens=False)["input_ids"]
     rng = random.Random(seed)
@@ -134,8 +135,7 @@ def test_required_sends_each_call_once_its_object_closes(tokenizer):
     required = tools.Offered([WEATHER, TIME], "required")
     first = '{"name":"get_weather","arguments":{"city":"a}\\"b]{","days":[1,[2]]}}'
     output = f'[{first},{{"name":"get_time","arguments":{{}}}}]'
-    template = tools.response_template(tokenizer, types.SimpleNamespace(model_type="qwen2"))
-    reader = tools.Reader(required, template, PROMPT, Text(tokenizer, []))
+    reader = tools.reader(required, None, tokenizer, [])
     sent = [reader.add([], char, at == len(output) - 1) for at, char in enumerate(output)]
     closed = [at for at, part in enumerate(sent) if part.calls]
     assert closed == [len(first), len(output) - 2]

@@ -24,58 +24,12 @@ from hfax.serve.errors import APIError
 from hfax.serve.formats import Constraint, Formats
 from hfax.serve.requests import Job
 from hfax.serve.scheduler import AHEAD_SHARE, Event, QueueFull, Scheduler, Sequence
-
-
-class Text:
-    """One choice's text as tokens arrive, cut at the first ``stop`` string and held back while its end
-    could still start one.
-
-    Decoded incrementally, so a token costs the same however long the text already is: each new piece is
-    the decoding of the tokens since the last settled point minus that of the tokens before them, read from
-    one settled piece back (a tokenizer may write a token differently at the start of a text: a leading
-    space, a byte of a character). The new tokens settle once their decoding ends in a whole character
-    (no ``\ufffd``); until then they wait. Where a decoder's pieces do not add up to its whole decoding,
-    the whole text is decoded again. With ``special`` the special tokens are written too (what a response
-    template reads: :mod:`hfax.serve.tools`)."""
-
-    def __init__(self, tokenizer: Any, stop: list[str], special: bool = False) -> None:
-        self.tokenizer, self.stop, self.special = tokenizer, stop, special
-        self.ids: list[int] = []
-        self.text = ""  # the settled tokens' text
-        self.prefix = self.read = 0  # the piece before the settled point starts at ``prefix``
-        self.sent = 0  # characters already handed out
-        self.stopped = False
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=not self.special)
-
-    def add(self, ids: list[int], final: bool) -> str:
-        """The new text that may be sent after ``ids``; everything left when ``final``."""
-        self.ids += ids
-        before = self._decode(self.ids[self.prefix : self.read])
-        after = self._decode(self.ids[self.prefix :])
-        if final or (len(after) > len(before) and not after.endswith("\ufffd")):
-            if after.startswith(before):
-                self.text += after[len(before) :]
-            else:
-                self.text = self._decode(self.ids)
-            self.prefix, self.read = self.read, len(self.ids)
-        text = self.text
-        for stop in self.stop:
-            at = text.find(stop, max(0, self.sent - len(stop) + 1))
-            if at >= 0:
-                text, self.stopped, final = text[:at], True, True
-        end = len(text)
-        if not final:
-            hold = max((len(s) - 1 for s in self.stop), default=0)
-            end = max(self.sent, len(text.rstrip("\ufffd")) - hold)
-        new, self.sent = text[self.sent : end], max(self.sent, end)
-        return new
+from hfax.serve.text import Text
 
 
 class Choice:
     """One of a request's ``n`` continuations: its sequence in the scheduler, its text and logprobs, and
-    with tools the :class:`~hfax.serve.tools.Reader` of its calls."""
+    with tools the reader of its calls (:func:`hfax.serve.tools.reader`)."""
 
     def __init__(
         self,
@@ -93,9 +47,7 @@ class Choice:
         self.tokens = 0
         self.reader = None
         if job.offered is not None:
-            prompt = tokenizer.decode(job.prompt(index), skip_special_tokens=False)
-            special = Text(tokenizer, [], special=True)
-            self.reader = tools.Reader(job.offered, template, prompt, special)
+            self.reader = tools.reader(job.offered, template, tokenizer, job.prompt(index))
 
         def deliver(event: Event) -> None:  # on the scheduler's thread
             loop.call_soon_threadsafe(queue.put_nowait, (self, event))
@@ -341,8 +293,9 @@ async def answer(server: Server, job: Job, disconnected: Any) -> dict[str, Any]:
                 merged = tools.merged(calls[i])
                 body["message"]["content"] = None if merged and not text else text
                 body["message"]["tool_calls"] = merged
-                if "".join(thoughts[i]):
-                    body["message"]["reasoning_content"] = "".join(thoughts[i])
+                thought = "".join(thoughts[i])
+                if thought:
+                    body["message"]["reasoning_content"] = thought
         else:
             body["text"] = text
         body["logprobs"] = _merge(job.kind, logs[i]) if job.logprobs is not None else None

@@ -33,6 +33,7 @@ from typing import Any
 
 from hfax.serve.errors import APIError
 from hfax.serve.formats import NAME
+from hfax.serve.text import Text
 
 #: OpenAI's most tools per request.
 MAX_TOOLS = 128
@@ -48,13 +49,14 @@ class Offered:
     name: str | None = None
     parallel: bool = True
 
+    def _function(self, name: str) -> dict[str, Any]:
+        return next(t["function"] for t in self.tools if t["function"]["name"] == name)
+
     def parameters(self, name: str) -> dict[str, Any]:
-        function = next(t["function"] for t in self.tools if t["function"]["name"] == name)
-        return function.get("parameters") or {"type": "object"}
+        return self._function(name).get("parameters") or {"type": "object"}
 
     def strict(self, name: str) -> bool:
-        function = next(t["function"] for t in self.tools if t["function"]["name"] == name)
-        return bool(function.get("strict"))
+        return bool(self._function(name).get("strict"))
 
     def schema(self) -> tuple[dict[str, Any], bool] | None:
         """The JSON schema the output is held to and whether strictly (every function strict), or
@@ -234,47 +236,44 @@ class Part:
 REASONING = ("reasoning_content", "thinking")
 
 
-class Reader:
-    """One choice's output read as OpenAI's message parts while its tokens arrive (:meth:`add`);
-    :func:`merged` joins the streamed calls into those of a whole answer, as a client joins them.
+def reader(offered: Offered, template: Any, tokenizer: Any, prompt: list[int]) -> Any:
+    """The reader of one choice's output under ``offered`` (not "none"): each has ``add(ids, text,
+    final)``, which turns the choice's new tokens (and their ``text``, special tokens left out) into the
+    :class:`Part` it sends now, and ``called``, the calls sent so far; :func:`merged` joins the streamed
+    calls into those of a whole answer, as a client joins them."""
+    if offered.mode == "function":
+        assert offered.name is not None
+        return Arguments(offered.name)
+    if offered.mode == "required":
+        return Calls()
+    return Markup(offered, template, tokenizer, prompt)
 
-    ``text`` is the choice's text (special tokens left out); "auto" reads the output with its special
-    tokens (the markup of tool calls may be special tokens), which ``special`` (a
-    :class:`hfax.serve.app.Text` that keeps them) decodes."""
 
-    def __init__(self, offered: Offered, template: Any, prefix: str, special: Any) -> None:
-        self.offered, self.special = offered, special
-        self.called = 0  # calls sent so far
-        self.held = ""  # "required": the output so far
-        self.depth, self.start = 0, -1  # its brackets open, and where the call being written starts
-        self.quoted = self.escaped = False  # inside a string, after its backslash
-        self.sent = ""  # content sent so far
-        self.plain = ""  # the choice's text so far
-        self.parser = None
-        if offered.mode == "auto":
-            from transformers.utils.chat_parsing import ResponseParser
+class Arguments:
+    """A named function's call: its arguments are the output, sent as they are written."""
 
-            self.parser = ResponseParser(template, prefix=prefix, tools=offered.tools)
+    def __init__(self, name: str) -> None:
+        self.name, self.called = name, 0
 
     def add(self, ids: list[int], text: str, final: bool) -> Part:
-        self.plain += text
-        mode = self.offered.mode
-        if mode == "function":
-            return Part(calls=self._arguments(text))
-        if mode == "required":
-            return self._required(text, final)
-        return self._auto(self.special.add(ids, final), final)
-
-    def _arguments(self, text: str) -> list[dict[str, Any]]:
         if self.called:
-            return [{"index": 0, "function": {"arguments": text}}] if text else []
+            return Part(calls=[{"index": 0, "function": {"arguments": text}}] if text else [])
         self.called = 1
-        assert self.offered.name is not None
-        return [_whole(self.offered.name, text, 0)]
+        return Part(calls=[_whole(self.name, text, 0)])
 
-    def _required(self, text: str, final: bool) -> Part:
-        """Each call of the array sent once its object closes (the grammar writes the array compact and
-        valid, so its brackets and quotes say where a call ends); a call cut by ``max_tokens`` as text."""
+
+class Calls:
+    """ "required"'s array of calls, each sent once its object closes (the grammar writes the array
+    compact and valid, so its brackets and quotes say where a call ends); a call cut by ``max_tokens``
+    as text."""
+
+    def __init__(self) -> None:
+        self.called = 0
+        self.held = ""  # the output so far
+        self.depth, self.start = 0, -1  # its brackets open, and where the call being written starts
+        self.quoted = self.escaped = False  # inside a string, after its backslash
+
+    def add(self, ids: list[int], text: str, final: bool) -> Part:
         part = Part()
         for char in text:
             self.held += char
@@ -295,14 +294,36 @@ class Reader:
                     part.calls.append(_whole(call["name"], call["arguments"], self.called))
                     self.called, self.start = self.called + 1, -1
         if final and self.start >= 0:
-            part.content = self._content(self.held[self.start :])
+            part.content = self.held[self.start :]
         return part
 
-    def _auto(self, text: str, final: bool) -> Part:
+
+class Markup:
+    """ "auto": the model's own markup read by transformers' ``ResponseParser`` from the output with its
+    special tokens (a template's markers may be special tokens), decoded by a :class:`Text` that keeps
+    them, after the prompt (``prefix``: a template may open a region there). Content and reasoning go
+    out as they are parsed, each call once its region closes; once a call cannot be read, the rest of
+    the choice's text goes out as content."""
+
+    def __init__(self, offered: Offered, template: Any, tokenizer: Any, prompt: list[int]) -> None:
+        from transformers.utils.chat_parsing import ResponseParser
+
+        prefix = tokenizer.decode(prompt, skip_special_tokens=False)
+        self.parser: Any = ResponseParser(template, prefix=prefix, tools=offered.tools)
+        self.special = Text(tokenizer, [], special=True)
+        self.called = 0
+        self.sent = ""  # content sent so far
+        self.plain = ""  # the choice's text so far
+
+    def add(self, ids: list[int], text: str, final: bool) -> Part:
+        self.plain += text
+        return self._parsed(self.special.add(ids, final), final)
+
+    def _parsed(self, text: str, final: bool) -> Part:
         if self.parser is None:  # a call could not be read: the rest is text
-            return Part(
-                self._content(self.plain[len(os.path.commonprefix([self.plain, self.sent])) :])
-            )
+            rest = self.plain[len(os.path.commonprefix([self.plain, self.sent])) :]
+            self.sent += rest
+            return Part(rest)
         part = Part()
         try:
             events = self.parser.feed(text)
@@ -310,7 +331,7 @@ class Reader:
                 events += self.parser.finalize()[1]
         except ValueError:
             self.parser = None
-            return self._auto("", final)
+            return self._parsed("", final)
         for event in events:
             field = event.get("field")
             if event["type"] == "region_chunk" and not event.get("dirty"):
@@ -322,12 +343,8 @@ class Reader:
                 function = event["value"]["function"]
                 part.calls.append(_whole(function["name"], function["arguments"], self.called))
                 self.called += 1
-        self._content(part.content)
+        self.sent += part.content
         return part
-
-    def _content(self, text: str) -> str:
-        self.sent += text
-        return text
 
 
 def merged(entries: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
